@@ -1,0 +1,1 @@
+"""The conductor's per-request state."""

@@ -1,0 +1,1 @@
+"""Graph-execution bookkeeping shared by the conductor and the workers."""

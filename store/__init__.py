@@ -1,0 +1,59 @@
+"""mstar-conductor-store: the M* conductor's per-request state, persistent and shared on Redis."""
+
+from store.backoff import RetryPolicy
+from store.codec import Codec
+from store.errors import (
+    ConfigurationError,
+    ConnectionNotFound,
+    CorruptRecordError,
+    EncodeError,
+    NotFoundError,
+    PartitionNotFound,
+    PayloadTooLargeError,
+    RequestExistsError,
+    RequestNotFound,
+    SchemaVersionError,
+    StalePassError,
+    StoreConnectionError,
+    StoreError,
+    TransactionConflictError,
+    UnknownKindError,
+    UnknownStoredKindError,
+    UnknownWorkerGraphError,
+    ValidationError,
+)
+from store.keys import KeySpace
+from store.kinds import KindRegistry, default_registry, register_kind
+from store.records import ReportOutcome, RequestRecord, RequestState
+from store.store import RequestStore
+
+__all__ = [
+    "Codec",
+    "ConfigurationError",
+    "ConnectionNotFound",
+    "CorruptRecordError",
+    "EncodeError",
+    "KeySpace",
+    "KindRegistry",
+    "NotFoundError",
+    "PartitionNotFound",
+    "PayloadTooLargeError",
+    "ReportOutcome",
+    "RequestExistsError",
+    "RequestNotFound",
+    "RequestRecord",
+    "RequestState",
+    "RequestStore",
+    "RetryPolicy",
+    "SchemaVersionError",
+    "StalePassError",
+    "StoreConnectionError",
+    "StoreError",
+    "TransactionConflictError",
+    "UnknownKindError",
+    "UnknownStoredKindError",
+    "UnknownWorkerGraphError",
+    "ValidationError",
+    "default_registry",
+    "register_kind",
+]

@@ -1,0 +1,140 @@
+"""One exception tree for the store, rooted at ``StoreError``.
+
+Every error carries the context a user needs to find the record (request id, Redis key,
+field) as attributes and in its message; the underlying cause is chained.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Root of every error the store raises."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request_id: str | None = None,
+        key: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.key = key
+        self.field = field
+        where = ", ".join(
+            f"{name} {value!r}"
+            for name, value in (("request", request_id), ("key", key), ("field", field))
+            if value is not None
+        )
+        super().__init__(f"{message} ({where})" if where else message)
+        self.reason = message
+
+
+class ConfigurationError(StoreError):
+    """The store was set up with a client or setting it cannot work with."""
+
+
+class ValidationError(StoreError, ValueError):
+    """An argument would break the key layout or a limit: nothing was written."""
+
+
+class PayloadTooLargeError(ValidationError):
+    """An encoded value is over the size limit (checked before writing and before decoding)."""
+
+    def __init__(self, size: int, limit: int, **where: str | None) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(f"payload of {size} bytes is over the limit of {limit} bytes", **where)
+
+
+class EncodeError(StoreError, TypeError):
+    """A value cannot be encoded (an unregistered kind, an unsupported type)."""
+
+
+class UnknownKindError(EncodeError):
+    """A ``PublishedInfo`` or ``ResourceReqConfig`` kind that is not registered."""
+
+    def __init__(self, kind: str, message: str, **where: str | None) -> None:
+        self.kind = kind
+        super().__init__(message, **where)
+
+
+class CorruptRecordError(StoreError):
+    """A stored value does not decode: truncated, wrong type, garbage or an unknown kind."""
+
+
+class UnknownStoredKindError(CorruptRecordError):
+    """A stored value names a kind this process has not registered."""
+
+    def __init__(self, kind: str, **where: str | None) -> None:
+        self.kind = kind
+        super().__init__(
+            f"stored value has kind {kind!r}, which is not registered in this process; "
+            "register it with store.register_kind",
+            **where,
+        )
+
+
+class SchemaVersionError(CorruptRecordError):
+    """A record was written by newer code than this; it is never silently downgraded."""
+
+    def __init__(self, found: int, known: int, **where: str | None) -> None:
+        self.found = found
+        self.known = known
+        super().__init__(
+            f"record has schema version {found}, newer than {known}, the newest this code "
+            "knows; upgrade mstar-conductor-store",
+            **where,
+        )
+
+
+class NotFoundError(StoreError, LookupError):
+    """The record asked for is not held."""
+
+
+class RequestNotFound(NotFoundError):
+    """No request with that id is held."""
+
+
+class PartitionNotFound(NotFoundError):
+    """The request holds no partition of that name."""
+
+
+class ConnectionNotFound(NotFoundError):
+    """The request holds no streaming connection of that name."""
+
+
+class RequestExistsError(StoreError):
+    """A request with that id is held already; create does not overwrite."""
+
+
+class StalePassError(StoreError):
+    """A report or advance names a forward pass that is no longer current; nothing changed."""
+
+    def __init__(self, expected: int, current: int, **where: str | None) -> None:
+        self.expected = expected
+        self.current = current
+        super().__init__(
+            f"forward pass {expected} is not current (the partition is at pass {current})",
+            **where,
+        )
+
+
+class UnknownWorkerGraphError(ValidationError):
+    """A report names a worker graph that is not part of the current forward pass."""
+
+
+class TransactionConflictError(StoreError):
+    """An optimistic transaction kept meeting concurrent writers and ran out of tries."""
+
+    def __init__(self, attempts: int, **where: str | None) -> None:
+        self.attempts = attempts
+        super().__init__(
+            f"gave up after {attempts} attempts: the keys kept changing under the transaction; "
+            "nothing was written",
+            **where,
+        )
+
+
+class StoreConnectionError(StoreError, ConnectionError):
+    """Redis could not be reached, after redis-py's own retries."""

@@ -1,0 +1,136 @@
+"""The key layout, defined in one place.
+
+Every key of one request carries the hash tag ``{<request_id>}``, so all of a request's keys
+sit in one Redis Cluster slot and every multi-key script or transaction on a request is legal
+on a cluster. Only the request index lives outside any request's slot.
+
+    <ns>:requests                         sorted set: request id -> creation time (index)
+    <ns>:{<rid>}:meta                     hash: request-level record (RequestRecord)
+    <ns>:{<rid>}:part:<partition>         hash: PartitionState, one field per attribute
+    <ns>:{<rid>}:pub:<partition>          hash: resource label -> encoded PublishedInfo
+    <ns>:{<rid>}:conn:<from>-><to>        hash: StreamingConnectionState
+    <ns>:{<rid>}:ops                      sorted set: applied operation id -> time (dedupe)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from store.errors import ValidationError
+
+MAX_REQUEST_ID_LENGTH = 200
+MAX_NAME_LENGTH = 128
+CONNECTION_ARROW = "->"
+
+# Printable ASCII without space and without the braces that delimit the hash tag.
+_REQUEST_ID = re.compile(r"[!-z|~]+")
+# Partition names end up inside keys and connection names: no separators, no arrow.
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.\-:]+")
+
+
+def validate_request_id(request_id: object) -> str:
+    """Return ``request_id`` if it fits the key layout, else raise ``ValidationError``."""
+    if not isinstance(request_id, str):
+        raise ValidationError(f"request id must be a str, not {type(request_id).__name__}")
+    if not request_id:
+        raise ValidationError("request id is empty")
+    if len(request_id) > MAX_REQUEST_ID_LENGTH:
+        raise ValidationError(
+            f"request id is {len(request_id)} characters, over the limit of "
+            f"{MAX_REQUEST_ID_LENGTH}",
+            request_id=request_id[:40] + "...",
+        )
+    if not _REQUEST_ID.fullmatch(request_id):
+        raise ValidationError(
+            "request id may hold only printable ASCII without spaces, '{' or '}' "
+            "(the braces delimit the Redis Cluster hash tag)",
+            request_id=request_id,
+        )
+    return request_id
+
+
+def validate_name(name: object, *, what: str, request_id: str | None = None) -> str:
+    """Return a partition name if it fits the key layout, else raise ``ValidationError``."""
+    if not isinstance(name, str):
+        raise ValidationError(
+            f"{what} must be a str, not {type(name).__name__}", request_id=request_id
+        )
+    if not name:
+        raise ValidationError(f"{what} is empty", request_id=request_id)
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValidationError(
+            f"{what} is {len(name)} characters, over the limit of {MAX_NAME_LENGTH}",
+            request_id=request_id,
+        )
+    if not _NAME.fullmatch(name) or CONNECTION_ARROW in name:
+        raise ValidationError(
+            f"{what} {name!r} may hold only letters, digits, '_', '.' and '-' (and no '->')",
+            request_id=request_id,
+        )
+    return name
+
+
+def connection_name(from_partition: str, to_partition: str) -> str:
+    return f"{from_partition}{CONNECTION_ARROW}{to_partition}"
+
+
+def split_connection_name(name: object, *, request_id: str | None = None) -> tuple[str, str]:
+    """``"llm->codec"`` -> ``("llm", "codec")``, validating both partition names."""
+    if not isinstance(name, str) or name.count(CONNECTION_ARROW) != 1:
+        raise ValidationError(
+            f"connection name {name!r} must be '<from_partition>-><to_partition>'",
+            request_id=request_id,
+        )
+    source, target = name.split(CONNECTION_ARROW)
+    return (
+        validate_name(source, what="connection source partition", request_id=request_id),
+        validate_name(target, what="connection target partition", request_id=request_id),
+    )
+
+
+@dataclass(frozen=True)
+class KeySpace:
+    """Builds every key of one namespace."""
+
+    namespace: str = "mstar"
+
+    def __post_init__(self) -> None:
+        if not _NAMESPACE.fullmatch(self.namespace) or len(self.namespace) > MAX_NAME_LENGTH:
+            raise ValidationError(
+                f"namespace {self.namespace!r} may hold only letters, digits, '_', '.', '-' "
+                f"and ':' (at most {MAX_NAME_LENGTH})"
+            )
+
+    @property
+    def index(self) -> str:
+        return f"{self.namespace}:requests"
+
+    def request_prefix(self, request_id: str) -> str:
+        return f"{self.namespace}:{{{request_id}}}:"
+
+    def meta(self, request_id: str) -> str:
+        return f"{self.request_prefix(request_id)}meta"
+
+    def partition(self, request_id: str, partition: str) -> str:
+        return f"{self.request_prefix(request_id)}part:{partition}"
+
+    def publish_info(self, request_id: str, partition: str) -> str:
+        return f"{self.request_prefix(request_id)}pub:{partition}"
+
+    def connection(self, request_id: str, name: str) -> str:
+        return f"{self.request_prefix(request_id)}conn:{name}"
+
+    def ops(self, request_id: str) -> str:
+        return f"{self.request_prefix(request_id)}ops"
+
+    def request_keys(
+        self, request_id: str, partitions: list[str], connections: list[str]
+    ) -> list[str]:
+        """Every key a request with this topology may hold."""
+        keys = [self.meta(request_id), self.ops(request_id)]
+        for name in partitions:
+            keys += [self.partition(request_id, name), self.publish_info(request_id, name)]
+        keys += [self.connection(request_id, name) for name in connections]
+        return keys

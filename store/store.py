@@ -1,0 +1,794 @@
+"""``RequestStore``: one request's conductor state in Redis, safe under concurrent replicas.
+
+How each operation stays correct when a replica races another or a reply is lost:
+
+=========================  ==========================================  ======================
+operation                  how it runs                                 applied twice?
+=========================  ==========================================  ======================
+create_request             one script writes every hash or none        guarded: op id in meta
+load_*                     one script reads a consistent snapshot      read only
+update_partition,          one script: replace fields of a record      idempotent by nature
+set_producer_done,         that exists
+set_final_output
+raise_consumed_count       one script: max(held, new)                  idempotent by nature
+add_tokens                 one script: HINCRBY                         guarded: op id
+record_worker_report       one script, keyed by (pass, worker graph,   guarded: report id
+                           rank); counters change server-side
+advance_partition          one script, compare-and-set on the pass     guarded: op id, and
+                                                                       the pass check
+merge_publish_info         optimistic WATCH/MULTI/EXEC, kinds merge    guarded: op id
+                           with their own ``update``
+delete_request             UNLINK of the request's keys                idempotent by nature
+=========================  ==========================================  ======================
+
+An op id is generated per call unless the caller passes one; a caller that may deliver the
+same operation again (after a crash, say) passes a stable id so the repeat is recognised.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from mstar.conductor.request_info import (
+    CurrentForwardConductorMetadata,
+    PartitionState,
+    StreamingConnectionState,
+)
+from mstar.engine.resources import PublishedInfo
+from store import scripts
+from store.backoff import RetryPolicy
+from store.codec import Codec
+from store.connect import client_from_url
+from store.errors import (
+    ConfigurationError,
+    ConnectionNotFound,
+    CorruptRecordError,
+    PartitionNotFound,
+    RequestExistsError,
+    RequestNotFound,
+    SchemaVersionError,
+    StalePassError,
+    StoreConnectionError,
+    StoreError,
+    UnknownWorkerGraphError,
+    ValidationError,
+)
+from store.keys import (
+    MAX_NAME_LENGTH,
+    KeySpace,
+    connection_name,
+    split_connection_name,
+    validate_name,
+    validate_request_id,
+)
+from store.layout import RecordLayout
+from store.records import ReportOutcome, RequestRecord, RequestState
+from store.schema import SCHEMA_VERSION, VERSION_FIELD
+from store.transaction import Plan, optimistic
+
+_SCRIPTS = (
+    "create_request",
+    "apply_report",
+    "advance_partition",
+    "add_tokens",
+    "raise_field",
+    "update_fields",
+    "load_hashes",
+)
+_VERSION = str(SCHEMA_VERSION).encode()
+
+
+@dataclass(frozen=True)
+class _Topology:
+    partitions: tuple[str, ...]
+    connections: tuple[str, ...]
+
+    def outgoing(self, partition: str) -> list[str]:
+        return [c for c in self.connections if c.split("->")[0] == partition]
+
+    def incoming(self, partition: str) -> list[str]:
+        return [c for c in self.connections if c.split("->")[1] == partition]
+
+
+@dataclass
+class StoreStats:
+    """Counters of optimistic transactions, for benchmarks and operators."""
+
+    transactions: int = 0
+    attempts: int = 0
+
+    @property
+    def retries(self) -> int:
+        return self.attempts - self.transactions
+
+
+class RequestStore:
+    """The conductor's per-request state on Redis (single server, Sentinel or Cluster)."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        namespace: str = "mstar",
+        codec: Codec | None = None,
+        retry: RetryPolicy | None = None,
+        dedupe_window: float = 3600.0,
+        topology_cache_size: int = 4096,
+    ) -> None:
+        kwargs = getattr(client, "get_connection_kwargs", dict)()
+        if kwargs.get("decode_responses"):
+            raise ConfigurationError("the store needs a client with decode_responses=False")
+        if dedupe_window <= 0:
+            raise ConfigurationError("dedupe_window must be positive")
+        self.client = client
+        self.keys = KeySpace(namespace)
+        self.codec = codec or Codec()
+        self.retry = retry or RetryPolicy()
+        self.dedupe_window = dedupe_window
+        self.stats = StoreStats()
+        self._partition = RecordLayout(
+            PartitionState, self.codec, exclude=("resource_publish_info",)
+        )
+        self._connection = RecordLayout(StreamingConnectionState, self.codec)
+        self._record = RecordLayout(RequestRecord, self.codec)
+        self._scripts = {name: client.register_script(scripts.source(name)) for name in _SCRIPTS}
+        self._topologies: OrderedDict[str, _Topology] = OrderedDict()
+        self._topology_cache_size = topology_cache_size
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str = "mstar", **options: Any) -> RequestStore:
+        """A store on the Redis at ``url`` (see ``store.connect`` for the URL forms)."""
+        store_options = {
+            k: options.pop(k)
+            for k in ("codec", "retry", "dedupe_window", "topology_cache_size")
+            if k in options
+        }
+        return cls(client_from_url(url, **options), namespace=namespace, **store_options)
+
+    # -- create, list, delete --------------------------------------------------------
+
+    def create_request(
+        self,
+        request_id: str,
+        *,
+        partitions: Mapping[str, PartitionState],
+        connections: Mapping[str, StreamingConnectionState] | None = None,
+        max_output_tokens: int,
+        seed: int = 0,
+        resource_configs: Mapping[str, Any] | None = None,
+        partition_definitions: Mapping[str, Any] | None = None,
+        op_id: str | None = None,
+    ) -> None:
+        """Store a new request with all its partitions and connections, all or nothing.
+
+        Raises ``RequestExistsError`` if the id is held already (a resend of this very create
+        after a lost reply is recognised and succeeds).
+        """
+        rid = validate_request_id(request_id)
+        connections = connections or {}
+        self._validate_topology(rid, partitions, connections)
+        record = RequestRecord(
+            request_id=rid,
+            max_output_tokens=max_output_tokens,
+            seed=seed,
+            partitions=list(partitions),
+            connections=list(connections),
+            partition_definitions=dict(partition_definitions or {}),
+            resource_configs=dict(resource_configs or {}),
+            created_at=time.time(),
+        )
+        meta_key = self.keys.meta(rid)
+        hashes: list[tuple[str, dict[str, bytes]]] = [
+            (meta_key, self._record.encode(record, request_id=rid, key=meta_key))
+        ]
+        for name, state in partitions.items():
+            key = self.keys.partition(rid, name)
+            hashes.append((key, self._partition.encode(state, request_id=rid, key=key)))
+            pub = self.keys.publish_info(rid, name)
+            hashes.append((pub, self._encode_infos(rid, pub, state.resource_publish_info)))
+        for name, conn in connections.items():
+            key = self.keys.connection(rid, name)
+            hashes.append((key, self._connection.encode(conn, request_id=rid, key=key)))
+        args: list[Any] = [op_id or uuid.uuid4().hex]
+        for _, fields in hashes:
+            args.append(len(fields))
+            for field, value in fields.items():
+                args += [field, value]
+        with self._redis_errors(rid):
+            # Index first: a crash in between leaves an index entry without a request (which
+            # readers skip and delete removes), never a request no index can find.
+            self.client.zadd(self.keys.index, {rid: record.created_at}, nx=True)
+            status = self._scripts["create_request"](keys=[k for k, _ in hashes], args=args)
+        if status[0] == b"EXISTS":
+            raise RequestExistsError("a request with this id is held already", request_id=rid)
+        self._remember(rid, _Topology(tuple(partitions), tuple(connections)))
+
+    def _validate_topology(
+        self,
+        rid: str,
+        partitions: Mapping[str, PartitionState],
+        connections: Mapping[str, StreamingConnectionState],
+    ) -> None:
+        if not partitions:
+            raise ValidationError("a request needs at least one partition", request_id=rid)
+        for name, state in partitions.items():
+            validate_name(name, what="partition name", request_id=rid)
+            if not isinstance(state, PartitionState):
+                raise ValidationError(
+                    f"partition {name!r} must be a PartitionState, not {type(state).__name__}",
+                    request_id=rid,
+                )
+            if state.partition_name != name:
+                raise ValidationError(
+                    f"partition stored as {name!r} is named {state.partition_name!r}",
+                    request_id=rid,
+                    field="partition_name",
+                )
+        for name, conn in connections.items():
+            source, target = split_connection_name(name, request_id=rid)
+            if not isinstance(conn, StreamingConnectionState):
+                raise ValidationError(
+                    f"connection {name!r} must be a StreamingConnectionState", request_id=rid
+                )
+            if (conn.from_partition, conn.to_partition) != (source, target):
+                raise ValidationError(
+                    f"connection stored as {name!r} joins "
+                    f"{connection_name(conn.from_partition, conn.to_partition)!r}",
+                    request_id=rid,
+                )
+            for end in (source, target):
+                if end not in partitions:
+                    raise ValidationError(
+                        f"connection {name!r} names partition {end!r}, which the request "
+                        "does not have",
+                        request_id=rid,
+                    )
+
+    def list_requests(self) -> list[str]:
+        """Ids of the requests held, oldest first (read from the index, never a SCAN)."""
+        with self._redis_errors(None):
+            return [rid.decode() for rid in self.client.zrange(self.keys.index, 0, -1)]
+
+    def request_exists(self, request_id: str) -> bool:
+        rid = validate_request_id(request_id)
+        with self._redis_errors(rid):
+            return bool(self.client.exists(self.keys.meta(rid)))
+
+    def delete_request(self, request_id: str) -> bool:
+        """Remove the request and all its keys; False if it was not held."""
+        rid = validate_request_id(request_id)
+        self._topologies.pop(rid, None)
+        try:
+            topology = self._load_topology(rid)
+        except RequestNotFound:
+            topology = None
+        keys = self.keys.request_keys(
+            rid,
+            list(topology.partitions) if topology else [],
+            list(topology.connections) if topology else [],
+        )
+        with self._redis_errors(rid):
+            self.client.unlink(*keys)
+            self.client.zrem(self.keys.index, rid)
+        return topology is not None
+
+    # -- reads -------------------------------------------------------------------------
+
+    def load_request(self, request_id: str) -> RequestState:
+        """A consistent snapshot of the whole request."""
+        rid = validate_request_id(request_id)
+        for _ in range(2):
+            topology = self._topology(rid)
+            keys = [self.keys.meta(rid)]
+            keys += [self.keys.partition(rid, p) for p in topology.partitions]
+            keys += [self.keys.publish_info(rid, p) for p in topology.partitions]
+            keys += [self.keys.connection(rid, c) for c in topology.connections]
+            hashes = self._load_hashes(rid, keys)
+            if not hashes[0]:
+                self._topologies.pop(rid, None)
+                raise RequestNotFound("no such request", request_id=rid)
+            record = self._decode_record(rid, hashes[0])
+            if (tuple(record.partitions), tuple(record.connections)) != (
+                topology.partitions,
+                topology.connections,
+            ):
+                self._topologies.pop(rid, None)  # recreated with another shape: read again
+                continue
+            n = len(topology.partitions)
+            parts = {
+                p: self._decode_partition(rid, p, hashes[1 + i], hashes[1 + n + i])
+                for i, p in enumerate(topology.partitions)
+            }
+            conns = {
+                c: self._decode_connection(rid, c, hashes[1 + 2 * n + i])
+                for i, c in enumerate(topology.connections)
+            }
+            return RequestState(record, parts, conns)
+        raise CorruptRecordError("request topology keeps changing under the read", request_id=rid)
+
+    def load_record(self, request_id: str) -> RequestRecord:
+        """The request-level record (max tokens, seed, configs, definitions, outputs)."""
+        rid = validate_request_id(request_id)
+        (raw,) = self._load_hashes(rid, [self.keys.meta(rid)])
+        if not raw:
+            raise RequestNotFound("no such request", request_id=rid)
+        return self._decode_record(rid, raw)
+
+    def load_partition(self, request_id: str, partition_name: str) -> PartitionState:
+        """The partition's state, publish info included, equal to what was stored."""
+        rid = validate_request_id(request_id)
+        name = validate_name(partition_name, what="partition name", request_id=rid)
+        part, pub = self._load_hashes(
+            rid, [self.keys.partition(rid, name), self.keys.publish_info(rid, name)]
+        )
+        if not part:
+            self._raise_not_found(rid, PartitionNotFound, f"no partition {name!r}")
+        return self._decode_partition(rid, name, part, pub)
+
+    def load_connection(self, request_id: str, name: str) -> StreamingConnectionState:
+        rid = validate_request_id(request_id)
+        split_connection_name(name, request_id=rid)
+        (raw,) = self._load_hashes(rid, [self.keys.connection(rid, name)])
+        if not raw:
+            self._raise_not_found(rid, ConnectionNotFound, f"no connection {name!r}")
+        return self._decode_connection(rid, name, raw)
+
+    # -- field writes --------------------------------------------------------------------
+
+    def update_partition(self, request_id: str, partition_name: str, **attributes: Any) -> None:
+        """Replace the given attributes of a stored partition; other fields are untouched.
+
+        Use ``merge_publish_info`` for published info and ``advance_partition`` to move to
+        the next forward pass.
+        """
+        rid = validate_request_id(request_id)
+        name = validate_name(partition_name, what="partition name", request_id=rid)
+        key = self.keys.partition(rid, name)
+        for forbidden in ("partition_name", "resource_publish_info"):
+            if forbidden in attributes:
+                raise ValidationError(
+                    f"{forbidden} cannot be updated here", request_id=rid, key=key, field=forbidden
+                )
+        self._update_fields(rid, key, self._partition, attributes, PartitionNotFound)
+
+    def set_producer_done(self, request_id: str, connection: str) -> None:
+        """Mark that the producer of a streaming connection will send no more tokens."""
+        rid = validate_request_id(request_id)
+        split_connection_name(connection, request_id=rid)
+        key = self.keys.connection(rid, connection)
+        self._update_fields(
+            rid, key, self._connection, {"producer_done": True}, ConnectionNotFound
+        )
+
+    def set_final_output(self, request_id: str, name: str, value: Any) -> None:
+        """Record one of the request's final outputs (plain data) under ``name``."""
+        rid = validate_request_id(request_id)
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_LENGTH:
+            raise ValidationError("output name must be a non-empty str", request_id=rid)
+        key = self.keys.meta(rid)
+        fields = self._record.encode_field("final_outputs", {name: value}, request_id=rid, key=key)
+        self._run(rid, "update_fields", [key], [_VERSION, 0, *_pairs(fields)], RequestNotFound)
+
+    def _update_fields(
+        self,
+        rid: str,
+        key: str,
+        layout: RecordLayout[Any],
+        attributes: Mapping[str, Any],
+        missing: type[StoreError],
+    ) -> None:
+        replaced: list[str] = []
+        fields: dict[str, bytes] = {}
+        for attr, value in attributes.items():
+            fields.update(layout.encode_field(attr, value, request_id=rid, key=key))
+            if layout.fields[attr].shape != "scalar":
+                replaced.append(attr)
+        args = [_VERSION, len(replaced), *replaced, *_pairs(fields)]
+        self._run(rid, "update_fields", [key], args, missing)
+
+    def add_tokens(
+        self, request_id: str, connection: str, count: int, *, op_id: str | None = None
+    ) -> int:
+        """Add ``count`` tokens to a connection's ``token_count``; returns the new count."""
+        rid = validate_request_id(request_id)
+        split_connection_name(connection, request_id=rid)
+        _check_int(count, "count", rid, minimum=0)
+        keys = [self.keys.connection(rid, connection), self.keys.ops(rid)]
+        args = [_VERSION, count, f"tokens:{op_id or uuid.uuid4().hex}", *self._window()]
+        return int(self._run(rid, "add_tokens", keys, args, ConnectionNotFound)[1])
+
+    def raise_consumed_count(self, request_id: str, connection: str, count: int) -> int:
+        """Raise ``consumed_count`` to ``count`` (never lowers it); returns the value held."""
+        rid = validate_request_id(request_id)
+        split_connection_name(connection, request_id=rid)
+        _check_int(count, "count", rid, minimum=0)
+        keys = [self.keys.connection(rid, connection)]
+        args = [_VERSION, "consumed_count", count]
+        return int(self._run(rid, "raise_field", keys, args, ConnectionNotFound)[1])
+
+    # -- the forward-pass lifecycle ------------------------------------------------------
+
+    def record_worker_report(
+        self,
+        request_id: str,
+        partition_name: str,
+        *,
+        fwd_pass: int,
+        worker_graph_id: str,
+        rank: int,
+        num_ranks: int,
+        new_tokens: int = 0,
+        output_names: Sequence[str] = (),
+        consumed: Mapping[str, int] | None = None,
+    ) -> ReportOutcome:
+        """Apply one worker-graph rank report, once, in one round trip.
+
+        The rank counts towards ``wg_rank_completions``; the rank-0 report also carries the
+        new output tokens (added to the partition and to every outgoing connection), the
+        consumed counts of incoming connections (raised, never lowered) and output names.
+        A second delivery of the same (pass, worker graph, rank) changes nothing.
+        """
+        rid = validate_request_id(request_id)
+        name = validate_name(partition_name, what="partition name", request_id=rid)
+        key = self.keys.partition(rid, name)
+        _check_int(fwd_pass, "fwd_pass", rid, minimum=0)
+        _check_int(num_ranks, "num_ranks", rid, minimum=1)
+        _check_int(rank, "rank", rid, minimum=0)
+        _check_int(new_tokens, "new_tokens", rid, minimum=0)
+        if rank >= num_ranks:
+            raise ValidationError(
+                f"rank {rank} is outside a worker graph of {num_ranks} ranks", request_id=rid
+            )
+        if not isinstance(worker_graph_id, str) or not 0 < len(worker_graph_id) <= 128:
+            raise ValidationError(
+                "worker graph id must be a str of 1 to 128 characters", request_id=rid, key=key
+            )
+        consumed = dict(consumed or {})
+        output_names = list(output_names)
+        if rank != 0 and (new_tokens or consumed or output_names):
+            raise ValidationError(
+                f"only the rank-0 report carries tokens, consumed counts and outputs "
+                f"(got rank {rank})",
+                request_id=rid,
+                key=key,
+            )
+        for output in output_names:
+            if not isinstance(output, str):
+                raise ValidationError("output names must be str", request_id=rid, key=key)
+        for attempt in range(2):
+            topology = self._topology(rid)
+            outgoing, incoming = topology.outgoing(name), topology.incoming(name)
+            unknown = set(consumed) - set(incoming)
+            if unknown and attempt == 0:
+                self._topologies.pop(rid, None)
+                continue
+            if unknown:
+                raise ValidationError(
+                    f"consumed counts name {sorted(unknown)}, which are not incoming "
+                    f"connections of {name!r}",
+                    request_id=rid,
+                    key=key,
+                )
+            for conn_name, count in consumed.items():
+                _check_int(count, f"consumed[{conn_name}]", rid, minimum=0)
+            fed = [c for c in incoming if c in consumed]
+            keys = [key]
+            keys += [self.keys.connection(rid, c) for c in outgoing]
+            keys += [self.keys.connection(rid, c) for c in fed]
+            args: list[Any] = [
+                _VERSION, fwd_pass, worker_graph_id, rank, num_ranks, new_tokens,
+                len(outgoing), len(fed), *(consumed[c] for c in fed), *output_names,
+            ]  # fmt: skip
+            try:
+                reply = self._run(rid, "apply_report", keys, args, PartitionNotFound)
+            except ConnectionNotFound:
+                if attempt:
+                    raise
+                self._topologies.pop(rid, None)  # the cached topology was stale
+                continue
+            if reply[0] == b"STALE":
+                raise StalePassError(fwd_pass, int(reply[1]), request_id=rid, key=key)
+            if reply[0] == b"NOWG":
+                raise UnknownWorkerGraphError(
+                    f"worker graph {worker_graph_id!r} is not in the current forward pass",
+                    request_id=rid,
+                    key=key,
+                    field="current_worker_graph_ids",
+                )
+            return ReportOutcome(
+                applied=reply[0] == b"OK",
+                rank_completions=int(reply[1]),
+                worker_graph_complete=bool(reply[2]),
+                pass_complete=bool(reply[3]),
+            )
+        raise AssertionError("unreachable")
+
+    def advance_partition(
+        self,
+        request_id: str,
+        partition_name: str,
+        *,
+        from_pass: int,
+        metadata: CurrentForwardConductorMetadata,
+        worker_graph_ids: Sequence[str] = (),
+        done: bool = False,
+        op_id: str | None = None,
+    ) -> int:
+        """Move the partition from pass ``from_pass`` to the next; returns the new pass.
+
+        Per-pass sets and counts reset, ``metadata`` replaces the old, ``fwd_pass_number`` and
+        ``random_seed`` go up by one; ``done`` also sets ``is_done`` and ``producer_done`` on
+        every outgoing connection. Raises ``StalePassError`` (changing nothing) when
+        ``from_pass`` is no longer current.
+        """
+        rid = validate_request_id(request_id)
+        name = validate_name(partition_name, what="partition name", request_id=rid)
+        key = self.keys.partition(rid, name)
+        _check_int(from_pass, "from_pass", rid, minimum=0)
+        if not isinstance(metadata, CurrentForwardConductorMetadata):
+            raise ValidationError(
+                "metadata must be a CurrentForwardConductorMetadata",
+                request_id=rid,
+                key=key,
+                field="metadata",
+            )
+        encoded = self._partition.encode_field("metadata", metadata, request_id=rid, key=key)
+        wgs = list(worker_graph_ids)
+        self._partition.encode_field("current_worker_graph_ids", set(wgs), request_id=rid, key=key)
+        topology = self._topology(rid)
+        keys = [key, self.keys.ops(rid)]
+        keys += [self.keys.connection(rid, c) for c in topology.outgoing(name)]
+        op = f"advance:{op_id or uuid.uuid4().hex}"
+        args = [
+            _VERSION, from_pass, op, *self._window(), encoded["metadata"],
+            "1" if done else "0", *wgs,
+        ]  # fmt: skip
+        reply = self._run(rid, "advance_partition", keys, args, PartitionNotFound)
+        if reply[0] == b"STALE":
+            raise StalePassError(from_pass, int(reply[1]), request_id=rid, key=key)
+        return int(reply[1]) if reply[0] == b"OK" else from_pass + 1
+
+    # -- published info -----------------------------------------------------------------
+
+    def merge_publish_info(
+        self,
+        request_id: str,
+        partition_name: str,
+        other: Mapping[str, PublishedInfo],
+        *,
+        op_id: str | None = None,
+    ) -> dict[str, PublishedInfo]:
+        """``merge_publish_info`` on the stored partition, as one optimistic transaction.
+
+        WATCHes the publish-info hash (and the request's meta, so a deleted request is not
+        written to), reads only the labels in ``other``, folds ``other`` in with each kind's
+        own ``update`` and writes them back in MULTI/EXEC; retried with jittered backoff on
+        conflict. Returns the merged infos of those labels.
+        """
+        rid = validate_request_id(request_id)
+        name = validate_name(partition_name, what="partition name", request_id=rid)
+        pub = self.keys.publish_info(rid, name)
+        labels = sorted(other)
+        if not labels:
+            return {}
+        for label in labels:
+            _check_label(label, rid, pub)
+        # Encode up front: an unregistered kind fails before any round trip.
+        for label in labels:
+            self.codec.encode_kind(other[label], request_id=rid, key=pub, field=label)
+        meta, part, ops = self.keys.meta(rid), self.keys.partition(rid, name), self.keys.ops(rid)
+        op = f"merge:{op_id or uuid.uuid4().hex}"
+        now, window = self._window()
+        reads = [
+            ("HMGET", pub, *labels),
+            ("HGET", part, VERSION_FIELD),
+            ("EXISTS", meta),
+            ("ZSCORE", ops, op),
+        ]
+
+        def body(replies: list[Any]) -> Plan[dict[str, PublishedInfo]]:
+            held, version, request_held, seen = replies
+            if version is None:
+                if not request_held:
+                    raise RequestNotFound("no such request", request_id=rid)
+                raise PartitionNotFound(f"no partition {name!r}", request_id=rid, key=part)
+            self._check_version(rid, part, version)
+            merged: dict[str, PublishedInfo] = {}
+            for label, raw in zip(labels, held, strict=True):
+                if raw is not None:
+                    merged[label] = self.codec.decode_kind(
+                        raw, PublishedInfo, request_id=rid, key=pub, field=label
+                    )
+            if seen is not None:  # this very merge committed before a lost reply
+                return Plan([], merged)
+            for label in labels:
+                held_info = merged.get(label)
+                if held_info is None:
+                    merged[label] = other[label]
+                else:
+                    try:
+                        held_info.update(other[label])
+                    except (TypeError, ValueError) as e:
+                        raise ValidationError(
+                            f"cannot merge: {e}", request_id=rid, key=pub, field=label
+                        ) from e
+            fields: list[Any] = []
+            for label in labels:
+                fields += [
+                    label,
+                    self.codec.encode_kind(merged[label], request_id=rid, key=pub, field=label),
+                ]
+            writes = [
+                ("HSET", pub, *fields),
+                ("ZADD", ops, now, op),
+                ("ZREMRANGEBYSCORE", ops, "-inf", now - window),
+            ]
+            return Plan(writes, merged)
+
+        outcome = optimistic(
+            self.client, [pub, meta], reads, body, self.retry, request_id=rid, key=pub
+        )
+        self.stats.transactions += 1
+        self.stats.attempts += outcome.attempts
+        assert outcome.result is not None
+        return outcome.result
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _window(self) -> tuple[float, float]:
+        return time.time(), self.dedupe_window
+
+    @contextmanager
+    def _redis_errors(self, rid: str | None, key: str | None = None) -> Iterator[None]:
+        try:
+            yield
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            raise StoreConnectionError(f"Redis unreachable: {e}", request_id=rid, key=key) from e
+        except redis.ResponseError as e:
+            raise StoreError(f"Redis refused a command: {e}", request_id=rid, key=key) from e
+
+    def _run(
+        self,
+        rid: str,
+        script: str,
+        keys: list[str],
+        args: list[Any],
+        missing: type[StoreError],
+    ) -> list[Any]:
+        """Run a script; turn its NOKEY and SCHEMA statuses into typed errors."""
+        with self._redis_errors(rid, keys[0]):
+            reply = self._scripts[script](keys=keys, args=args)
+        status = reply[0]
+        if status == b"NOKEY":
+            key = reply[1].decode()
+            kind = ConnectionNotFound if ":conn:" in key else missing
+            self._raise_not_found(rid, kind, "no such record", key=key)
+        if status == b"SCHEMA":
+            self._check_version(rid, reply[1].decode(), reply[2])
+        return list(reply)
+
+    def _raise_not_found(
+        self, rid: str, kind: type[StoreError], message: str, key: str | None = None
+    ) -> Any:
+        if kind is not RequestNotFound and not self.client.exists(self.keys.meta(rid)):
+            kind, message = RequestNotFound, "no such request"
+        raise kind(message, request_id=rid, key=key)
+
+    def _check_version(self, rid: str, key: str, raw: bytes | None) -> None:
+        if raw == _VERSION:
+            return
+        try:
+            found = int(raw or b"")
+        except ValueError:
+            raise CorruptRecordError(
+                f"schema version {raw!r} is not a number", request_id=rid, key=key,
+                field=VERSION_FIELD,
+            ) from None
+        if found > SCHEMA_VERSION:
+            raise SchemaVersionError(found, SCHEMA_VERSION, request_id=rid, key=key)
+        raise CorruptRecordError(
+            f"record has schema version {found}; run `mstar-store migrate`",
+            request_id=rid,
+            key=key,
+        )
+
+    def _load_hashes(self, rid: str, keys: list[str]) -> list[dict[bytes, bytes]]:
+        with self._redis_errors(rid, keys[0]):
+            replies = self._scripts["load_hashes"](keys=keys, args=[])
+        return [dict(zip(flat[::2], flat[1::2], strict=True)) for flat in replies]
+
+    def _decode_record(self, rid: str, raw: dict[bytes, bytes]) -> RequestRecord:
+        key = self.keys.meta(rid)
+        self._check_version(rid, key, raw.get(VERSION_FIELD.encode()))
+        record = self._record.decode(raw, request_id=rid, key=key)
+        self._remember(rid, _Topology(tuple(record.partitions), tuple(record.connections)))
+        return record
+
+    def _decode_partition(
+        self, rid: str, name: str, part: dict[bytes, bytes], pub: dict[bytes, bytes]
+    ) -> PartitionState:
+        key = self.keys.partition(rid, name)
+        if not part:
+            raise PartitionNotFound(f"no partition {name!r}", request_id=rid, key=key)
+        self._check_version(rid, key, part.get(VERSION_FIELD.encode()))
+        pub_key = self.keys.publish_info(rid, name)
+        infos = {}
+        for label, raw in pub.items():
+            text = label.decode("utf-8", "replace")
+            infos[text] = self.codec.decode_kind(
+                raw, PublishedInfo, request_id=rid, key=pub_key, field=text
+            )
+        state = self._partition.decode(
+            part, extra={"resource_publish_info": infos}, request_id=rid, key=key
+        )
+        if state.partition_name != name:
+            raise CorruptRecordError(
+                f"partition stored as {name!r} is named {state.partition_name!r}",
+                request_id=rid,
+                key=key,
+                field="partition_name",
+            )
+        return state
+
+    def _decode_connection(
+        self, rid: str, name: str, raw: dict[bytes, bytes]
+    ) -> StreamingConnectionState:
+        key = self.keys.connection(rid, name)
+        if not raw:
+            raise ConnectionNotFound(f"no connection {name!r}", request_id=rid, key=key)
+        self._check_version(rid, key, raw.get(VERSION_FIELD.encode()))
+        return self._connection.decode(raw, request_id=rid, key=key)
+
+    def _encode_infos(
+        self, rid: str, key: str, infos: Mapping[str, PublishedInfo]
+    ) -> dict[str, bytes]:
+        out = {}
+        for label, info in infos.items():
+            _check_label(label, rid, key)
+            out[label] = self.codec.encode_kind(info, request_id=rid, key=key, field=label)
+        return out
+
+    def _topology(self, rid: str) -> _Topology:
+        topology = self._topologies.get(rid)
+        if topology is None:
+            topology = self._load_topology(rid)
+        return topology
+
+    def _load_topology(self, rid: str) -> _Topology:
+        record = self.load_record(rid)
+        return _Topology(tuple(record.partitions), tuple(record.connections))
+
+    def _remember(self, rid: str, topology: _Topology) -> None:
+        self._topologies[rid] = topology
+        self._topologies.move_to_end(rid)
+        while len(self._topologies) > self._topology_cache_size:
+            self._topologies.popitem(last=False)
+
+
+def _pairs(fields: Mapping[str, bytes]) -> list[Any]:
+    out: list[Any] = []
+    for field, value in fields.items():
+        out += [field, value]
+    return out
+
+
+def _check_int(value: Any, what: str, rid: str, *, minimum: int) -> None:
+    if type(value) is not int or value < minimum:
+        raise ValidationError(f"{what} must be an int >= {minimum}, got {value!r}", request_id=rid)
+
+
+def _check_label(label: Any, rid: str, key: str) -> None:
+    if not isinstance(label, str) or not 0 < len(label) <= MAX_NAME_LENGTH:
+        raise ValidationError(
+            f"resource label {label!r} must be a str of 1 to {MAX_NAME_LENGTH} characters",
+            request_id=rid,
+            key=key,
+        )
