@@ -103,7 +103,14 @@ class Codec:
                 "store.register_kind before storing it",
                 **where,
             )
-        return self.encode((SCHEMA_VERSION, name, value), tuple[int, str, type(value)], **where)
+        plan = self._plan(cls)
+        payload = plan.to_wire(value) if plan.to_wire else value
+        try:
+            data = self._encoder.encode((SCHEMA_VERSION, name, payload))
+        except (TypeError, ValueError, OverflowError) as e:
+            raise EncodeError(f"cannot encode {cls.__name__}: {e}", **where) from e
+        self.check_size(data, **where)
+        return data
 
     def decode_kind(self, data: bytes, base: type, **where: str | None) -> Any:
         """Decode an envelope into the registered kind it names, which must subclass ``base``."""
@@ -155,7 +162,7 @@ class Codec:
             to_v, from_v = inner.to_wire, inner.from_wire
             assert from_v is not None
             return _Plan(
-                dict[args[0], inner.wire_type],  # type: ignore[valid-type]
+                types.GenericAlias(dict, (args[0], inner.wire_type)),
                 lambda d: {k: to_v(v) for k, v in d.items()},
                 lambda d: {k: from_v(v) for k, v in d.items()},
             )
@@ -166,7 +173,7 @@ class Codec:
             to_i, from_i, make = inner.to_wire, inner.from_wire, origin
             assert from_i is not None
             return _Plan(
-                list[inner.wire_type],  # type: ignore[name-defined]
+                types.GenericAlias(list, (inner.wire_type,)),
                 lambda xs: [to_i(x) for x in xs],
                 lambda xs: make(from_i(x) for x in xs),
             )
@@ -206,7 +213,7 @@ class Codec:
         tos = [p.to_wire or ident for p in plans]
         froms = [p.from_wire or ident for p in plans]
         return _Plan(
-            tuple[tuple(p.wire_type for p in plans)],  # type: ignore[misc]
+            types.GenericAlias(tuple, tuple(p.wire_type for p in plans)),
             lambda t: tuple(f(x) for f, x in zip(tos, t, strict=True)),
             lambda t: tuple(f(x) for f, x in zip(froms, t, strict=True)),
         )

@@ -43,11 +43,14 @@ def client_from_url(url: str, **kwargs: Any) -> Any:
         if not path:
             raise ConfigurationError(f"{url!r}: name the Sentinel service, e.g. /mymaster")
         db = int(path[1]) if len(path) > 1 else 0
-        sentinel = Sentinel(hosts, socket_timeout=kwargs.pop("socket_timeout", 5.0))
-        return sentinel.master_for(path[0], db=db, password=password, **kwargs)
+        timeout = kwargs.pop("socket_timeout", 5.0)
+        sentinel = Sentinel(hosts, socket_timeout=timeout)  # type: ignore[no-untyped-call]
+        return sentinel.master_for(  # type: ignore[no-untyped-call]
+            path[0], db=db, password=password, **kwargs
+        )
     if scheme == "redis+cluster":
         hosts, password = _hosts(urlsplit(url).netloc, url)
-        nodes = [ClusterNode(h, p) for h, p in hosts]
+        nodes = [ClusterNode(h, p) for h, p in hosts]  # type: ignore[no-untyped-call]
         return RedisCluster(startup_nodes=nodes, password=password, **kwargs)
     if scheme in ("redis", "rediss", "unix"):
         return redis.Redis.from_url(url, **kwargs)

@@ -123,7 +123,7 @@ class RequestStore:
         dedupe_window: float = 3600.0,
         topology_cache_size: int = 4096,
     ) -> None:
-        kwargs = getattr(client, "get_connection_kwargs", dict)()
+        kwargs: dict[str, Any] = getattr(client, "get_connection_kwargs", dict)()
         if kwargs.get("decode_responses"):
             raise ConfigurationError("the store needs a client with decode_responses=False")
         if dedupe_window <= 0:

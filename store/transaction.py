@@ -50,7 +50,8 @@ MAX_CONNECTION_FAILURES = 3
 def _connection_for(client: Any, key: str) -> tuple[Any, Any]:
     """A pooled connection to the server that owns ``key``, and the pool to return it to."""
     if isinstance(client, RedisCluster):
-        pool = client.get_node_from_key(key).redis_connection.connection_pool
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        pool = node.redis_connection.connection_pool
     else:
         pool = client.connection_pool
     return pool, pool.get_connection()

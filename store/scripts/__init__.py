@@ -10,4 +10,5 @@ from importlib import resources
 def source(name: str) -> str:
     """The full source of script ``name`` (file ``<name>.lua``), helpers included."""
     folder = resources.files(__name__)
-    return folder.joinpath("_lib.lua").read_text() + "\n" + folder.joinpath(f"{name}.lua").read_text()
+    helpers = folder.joinpath("_lib.lua").read_text()
+    return helpers + "\n" + folder.joinpath(f"{name}.lua").read_text()

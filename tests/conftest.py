@@ -1,0 +1,185 @@
+"""Shared fixtures.
+
+Backends (like fakeredis-py's own conftest): ``client`` runs every test twice,
+as ``[fake]`` against an in-process fakeredis server and as ``[real]`` against
+``REDIS_URL`` (default ``redis://127.0.0.1:6379/0``).  Select with
+``-m fake`` / ``-m real`` or ``-k fake`` / ``-k real``.
+
+An unreachable real Redis skips the ``real`` tests, except when the ``CI``
+environment variable is set: then it fails them, so CI cannot silently skip
+the real backend.  The same rule applies when ``redis-server`` is missing for
+the fixtures that start their own servers.
+
+Clients return bytes (``decode_responses`` stays off); the library relies on it.
+The real server is shared: tests only ever delete ``<namespace>:*`` keys.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import fakeredis
+import pytest
+import redis
+
+from tests.servers import (
+    RedisCluster,
+    RedisSentinel,
+    RedisServer,
+    no_retry,
+    redis_binaries_available,
+)
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def redis_url_for_tests() -> str:
+    """``REDIS_URL`` if set, else ``redis://127.0.0.1:6379/0``."""
+    return os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+
+
+def _in_ci() -> bool:
+    return bool(os.environ.get("CI"))
+
+
+def _skip_or_fail(reason: str) -> None:
+    if _in_ci():
+        pytest.fail(f"{reason} (CI is set, so this is an error, not a skip)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def real_redis_error() -> str | None:
+    """``None`` if the real Redis answers PING within 0.5 s, else why not (checked once)."""
+    url = redis_url_for_tests()
+    try:
+        with redis.Redis.from_url(
+            url, socket_timeout=0.5, socket_connect_timeout=0.5, retry=no_retry()
+        ) as c:
+            c.ping()
+    except (redis.RedisError, OSError) as e:
+        return f"real Redis at {url} does not answer PING: {type(e).__name__}: {e}"
+    return None
+
+
+def _glob_escape(s: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", s)
+
+
+def delete_namespace(c: redis.Redis, namespace: str) -> int:
+    """SCAN + UNLINK every ``<namespace>:*`` key; returns how many were deleted."""
+    deleted = 0
+    batch: list[bytes] = []
+    for key in c.scan_iter(match=f"{_glob_escape(namespace)}:*", count=500):
+        batch.append(key)
+        if len(batch) >= 500:
+            deleted += c.unlink(*batch)
+            batch.clear()
+    if batch:
+        deleted += c.unlink(*batch)
+    return deleted
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A fresh key prefix per test, e.g. ``t-1f2e3d4c5b6a``; keys live under ``<ns>:``."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def fake_server() -> fakeredis.FakeServer:
+    """A fresh fakeredis server, shared by every fake client within one test."""
+    return fakeredis.FakeServer()
+
+
+def _real_client(real_redis_error: str | None) -> redis.Redis:
+    if real_redis_error is not None:
+        _skip_or_fail(real_redis_error)
+    return redis.Redis.from_url(redis_url_for_tests())
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("fake", marks=pytest.mark.fake, id="fake"),
+        pytest.param("real", marks=pytest.mark.real, id="real"),
+    ]
+)
+def client(
+    request: pytest.FixtureRequest, namespace: str, real_redis_error: str | None
+) -> Iterator[redis.Redis]:
+    """A bytes-returning client, once per backend (``fake`` / ``real``)."""
+    c: redis.Redis
+    if request.param == "fake":
+        c = fakeredis.FakeRedis(server=request.getfixturevalue("fake_server"))
+    else:
+        c = _real_client(real_redis_error)
+    try:
+        yield c
+    finally:
+        try:
+            delete_namespace(c, namespace)
+        finally:
+            c.close()
+
+
+@pytest.fixture
+def real_client(namespace: str, real_redis_error: str | None) -> Iterator[redis.Redis]:
+    """A client for the real Redis only; cleans ``<namespace>:*`` afterwards."""
+    c = _real_client(real_redis_error)
+    try:
+        yield c
+    finally:
+        try:
+            delete_namespace(c, namespace)
+        finally:
+            c.close()
+
+
+def _require_binaries() -> None:
+    if not redis_binaries_available():
+        _skip_or_fail("redis-server / redis-cli not found on PATH")
+
+
+@pytest.fixture
+def tmp_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RedisServer]:
+    """A private ``redis-server`` on a free port in ``tmp_path``, stopped afterwards.
+
+    Extra server arguments via indirect parametrization::
+
+        @pytest.mark.parametrize("tmp_redis", [("--appendonly", "yes")], indirect=True)
+    """
+    _require_binaries()
+    args: tuple[str, ...] = tuple(getattr(request, "param", ()))
+    server = RedisServer(tmp_path / "redis", None, *args)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def tmp_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A private 3-master Redis Cluster, shared by the tests of one module."""
+    _require_binaries()
+    with RedisCluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def tmp_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSentinel]:
+    """A private master plus one Sentinel (``mymaster``), shared by one module.
+
+    The master is ``tmp_sentinel.master``; quorum 1, down-after 1 s.
+    """
+    _require_binaries()
+    workdir = tmp_path_factory.mktemp("sentinel")
+    with (
+        RedisServer(workdir / "master") as master,
+        RedisSentinel(master, workdir / "sentinel") as sentinel,
+    ):
+        yield sentinel

@@ -1,0 +1,509 @@
+"""Start and stop throw-away ``redis-server`` processes for tests.
+
+No pytest dependency: these helpers can be used from scripts as well.  Every
+server runs in its own working directory, on a free port, bound to 127.0.0.1,
+and logs to ``<workdir>/redis-<port>.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import redis
+import redis.cluster
+import redis.sentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+START_TIMEOUT = 10.0
+STOP_TIMEOUT = 10.0
+CLUSTER_TIMEOUT = 30.0
+HOST = "127.0.0.1"
+
+REDIS_SERVER = os.environ.get("REDIS_SERVER_BIN") or shutil.which("redis-server") or "redis-server"
+REDIS_CLI = os.environ.get("REDIS_CLI_BIN") or shutil.which("redis-cli") or "redis-cli"
+
+
+def redis_binaries_available() -> bool:
+    """True if both ``redis-server`` and ``redis-cli`` can be found."""
+    return all(shutil.which(b) for b in (REDIS_SERVER, REDIS_CLI))
+
+
+def no_retry() -> Retry:
+    """A redis-py retry policy that never retries (redis-py >= 6 retries by default)."""
+    return Retry(NoBackoff(), 0)
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now (OS-assigned)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def free_cluster_port() -> int:
+    """Return a free port P whose cluster bus port P + 10000 is free as well.
+
+    OS-assigned ephemeral ports are usually > 55535, which would push the bus
+    port beyond 65535, so pick from 20000..45000 instead.
+    """
+    for _ in range(1000):
+        port = random.randint(20000, 45000)
+        if _port_is_free(port) and _port_is_free(port + 10000):
+            return port
+    raise RuntimeError("could not find a free port pair for a cluster node")
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"<no log: {e}>"
+
+
+class RedisServer:
+    """One ``redis-server`` process.
+
+    ``args`` are appended to ``--port P --dir D --save "" --appendonly no``;
+    later options win, so ``"--appendonly", "yes"`` turns AOF on.
+    """
+
+    def __init__(self, workdir: Path, port: int | None = None, *args: str) -> None:
+        self.workdir = Path(workdir)
+        self._auto_port = port is None
+        self.port: int = free_port() if port is None else port
+        self.args: tuple[str, ...] = args
+        self.host = HOST
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._paused = False
+
+    # -- properties ---------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def logfile(self) -> Path:
+        return self.workdir / f"redis-{self.port}.log"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def command(self) -> list[str]:
+        return [
+            REDIS_SERVER,
+            "--port",
+            str(self.port),
+            "--bind",
+            self.host,
+            "--dir",
+            str(self.workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            *self.args,
+        ]
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A new (bytes-returning) client for this server; the caller closes it."""
+        kwargs.setdefault("socket_timeout", 5)
+        return redis.Redis(host=self.host, port=self.port, **kwargs)
+
+    # -- lifecycle ----------------------------------------------------------
+    def start(self) -> Self:
+        if self.running:
+            raise RuntimeError(f"redis-server on port {self.port} is already running")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        attempts = 5 if self._auto_port else 1
+        for attempt in range(attempts):
+            try:
+                self._spawn_and_wait()
+                return self
+            except _PortInUseError:
+                if attempt == attempts - 1:
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _spawn_and_wait(self) -> None:
+        with open(self.logfile, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+            )
+        self._paused = False
+        deadline = time.monotonic() + START_TIMEOUT
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.proc = None
+                tail = _tail(self.logfile)
+                if "Address already in use" in tail:
+                    raise _PortInUseError(tail)
+                raise RuntimeError(
+                    f"redis-server on port {self.port} exited during startup; log tail:\n{tail}"
+                )
+            try:
+                with redis.Redis(
+                    host=self.host,
+                    port=self.port,
+                    socket_timeout=0.5,
+                    socket_connect_timeout=0.5,
+                    retry=no_retry(),
+                ) as c:
+                    if c.ping():
+                        return
+            except redis.RedisError as e:
+                # LOADING (AOF being replayed) and connection refused land here.
+                last_error = e
+            time.sleep(0.05)
+        self._terminate(signal.SIGKILL)
+        raise RuntimeError(
+            f"redis-server on port {self.port} did not answer PING within {START_TIMEOUT}s "
+            f"(last error: {last_error!r}); log tail:\n{_tail(self.logfile)}"
+        )
+
+    def _terminate(self, sig: signal.Signals) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            if self._paused and sig != signal.SIGKILL:
+                proc.send_signal(signal.SIGCONT)
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        else:
+            proc.wait()
+        self.proc = None
+        self._paused = False
+
+    def stop(self) -> None:
+        """Graceful shutdown (SIGTERM; SIGKILL after 10 s). Idempotent."""
+        self._terminate(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Hard crash: SIGKILL, no shutdown work at all."""
+        self._terminate(signal.SIGKILL)
+
+    def restart(self) -> Self:
+        """Stop (if running) and start again on the same port and dir.
+
+        With ``--appendonly yes`` the AOF files in the dir are reloaded.
+        """
+        self.stop()
+        self._auto_port = False  # keep the port: clients hold the URL
+        return self.start()
+
+    def pause(self) -> None:
+        """SIGSTOP: the server stops answering but keeps its sockets open."""
+        if self.proc is None:
+            raise RuntimeError("server is not running")
+        self.proc.send_signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self.proc is None:
+            raise RuntimeError("server is not running")
+        self.proc.send_signal(signal.SIGCONT)
+        self._paused = False
+
+    def __enter__(self) -> Self:
+        if not self.running:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<RedisServer {self.host}:{self.port} {state} dir={self.workdir}>"
+
+
+class _PortInUseError(RuntimeError):
+    pass
+
+
+class RedisCluster:
+    """A Redis Cluster of ``masters`` master-only nodes, each in its own subdir."""
+
+    def __init__(self, workdir: Path, masters: int = 3, *args: str) -> None:
+        if masters < 3:
+            raise ValueError("redis-cli --cluster create needs at least 3 masters")
+        self.workdir = Path(workdir)
+        self.masters = masters
+        self.args = args
+        self.nodes: list[RedisServer] = []
+
+    @property
+    def ports(self) -> list[int]:
+        return [n.port for n in self.nodes]
+
+    @property
+    def startup_nodes(self) -> list[redis.cluster.ClusterNode]:
+        return [redis.cluster.ClusterNode(HOST, p) for p in self.ports]
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.ports[0]}"
+
+    def client(self, **kwargs: Any) -> redis.cluster.RedisCluster:
+        """A new cluster client; the caller closes it."""
+        kwargs.setdefault("socket_timeout", 5)
+        return redis.cluster.RedisCluster(startup_nodes=self.startup_nodes, **kwargs)
+
+    def start(self) -> Self:
+        try:
+            for _ in range(self.masters):
+                port = free_cluster_port()
+                node = RedisServer(
+                    self.workdir / f"node-{port}",
+                    port,
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    f"nodes-{port}.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                    *self.args,
+                )
+                self.nodes.append(node)
+                node.start()
+            self._create()
+            self._wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _create(self) -> None:
+        cmd = [
+            REDIS_CLI,
+            "--cluster",
+            "create",
+            *(f"{HOST}:{p}" for p in self.ports),
+            "--cluster-replicas",
+            "0",
+            "--cluster-yes",
+        ]
+        res = subprocess.run(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=CLUSTER_TIMEOUT,
+            check=False,
+        )
+        (self.workdir / "cluster-create.log").write_bytes(res.stdout + res.stderr)
+        if res.returncode != 0:
+            raise RuntimeError(
+                f"redis-cli --cluster create failed ({res.returncode}):\n"
+                f"{(res.stdout + res.stderr).decode(errors='replace')}"
+            )
+
+    def _wait_ok(self) -> None:
+        deadline = time.monotonic() + CLUSTER_TIMEOUT
+        pending = list(self.nodes)
+        while pending and time.monotonic() < deadline:
+            node = pending[0]
+            try:
+                with node.client(socket_timeout=1) as c:
+                    if cluster_state(c) == "ok":
+                        pending.pop(0)
+                        continue
+            except redis.RedisError:
+                pass
+            time.sleep(0.1)
+        if pending:
+            raise RuntimeError(
+                f"cluster not ok within {CLUSTER_TIMEOUT}s on ports {[n.port for n in pending]}"
+            )
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class RedisSentinel:
+    """One Sentinel process monitoring ``master`` (an already running RedisServer).
+
+    Quorum 1, down-after 1 s, failover-timeout 5 s, service name ``mymaster``.
+    """
+
+    service_name = "mymaster"
+
+    def __init__(self, master: RedisServer, workdir: Path, port: int | None = None) -> None:
+        self.master = master
+        self.workdir = Path(workdir)
+        self.port = free_port() if port is None else port
+        self.host = HOST
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def sentinels(self) -> list[tuple[str, int]]:
+        return [(self.host, self.port)]
+
+    @property
+    def conf_path(self) -> Path:
+        return self.workdir / f"sentinel-{self.port}.conf"
+
+    @property
+    def logfile(self) -> Path:
+        return self.workdir / f"sentinel-{self.port}.log"
+
+    def sentinel(self, **kwargs: Any) -> redis.sentinel.Sentinel:
+        """A ``redis.sentinel.Sentinel`` for this sentinel (bytes responses)."""
+        kwargs.setdefault("socket_timeout", 5)
+        return redis.sentinel.Sentinel(self.sentinels, **kwargs)
+
+    def start(self) -> Self:
+        if not self.master.running:
+            raise RuntimeError("the master must be running before the sentinel starts")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        name = self.service_name
+        # Sentinel rewrites this file at runtime, so it must live in a writable dir.
+        self.conf_path.write_text(
+            f"port {self.port}\n"
+            f"bind {self.host}\n"
+            f'dir "{self.workdir}"\n'
+            f"sentinel monitor {name} {self.master.host} {self.master.port} 1\n"
+            f"sentinel down-after-milliseconds {name} 1000\n"
+            f"sentinel failover-timeout {name} 5000\n"
+        )
+        with open(self.logfile, "ab") as log:
+            self.proc = subprocess.Popen(
+                [REDIS_SERVER, str(self.conf_path), "--sentinel"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        last: object = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.proc = None
+                raise RuntimeError(
+                    f"sentinel on port {self.port} exited during startup; log tail:\n"
+                    f"{_tail(self.logfile)}"
+                )
+            try:
+                with redis.Redis(
+                    host=self.host,
+                    port=self.port,
+                    socket_timeout=0.5,
+                    socket_connect_timeout=0.5,
+                    retry=no_retry(),
+                ) as c:
+                    addr = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", name)
+                    master = c.execute_command("SENTINEL", "MASTER", name)
+                    last = (addr, master)
+                    flags = _flags(master)
+                    # Connected to the master and sees it as healthy.
+                    if addr and flags == {"master"}:
+                        return self
+            except redis.RedisError as e:
+                last = e
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(
+            f"sentinel on port {self.port} did not resolve {name} within {START_TIMEOUT}s "
+            f"(last: {last!r}); log tail:\n{_tail(self.logfile)}"
+        )
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        else:
+            proc.wait()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def cluster_state(client: redis.Redis) -> str:
+    """The ``cluster_state`` field of ``CLUSTER INFO`` (``"ok"`` or ``"fail"``)."""
+    info = client.execute_command("CLUSTER", "INFO")
+    if isinstance(info, dict):  # parsed by a redis-py response callback
+        return _s(info.get("cluster_state", info.get(b"cluster_state", "")))
+    for line in _s(info).splitlines():
+        key, _, value = line.partition(":")
+        if key == "cluster_state":
+            return value.strip()
+    return ""
+
+
+def _flags(master_reply: object) -> set[str]:
+    """Extract the ``flags`` field of a ``SENTINEL MASTER`` reply (flat list or dict)."""
+    fields: dict[str, object] = {}
+    if isinstance(master_reply, dict):
+        fields = {_s(k): v for k, v in master_reply.items()}
+    elif isinstance(master_reply, list | tuple):
+        it = iter(master_reply)
+        fields = {_s(k): v for k, v in zip(it, it, strict=False)}
+    raw = fields.get("flags")
+    return set(_s(raw).split(",")) if raw is not None else set()
+
+
+def _s(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
