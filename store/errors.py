@@ -29,6 +29,21 @@ class StoreError(Exception):
         super().__init__(f"{message} ({where})" if where else message)
         self.reason = message
 
+    def locate(self, **where: str | None) -> None:
+        """Add where the error happened, unless it names a key or field already.
+
+        An error raised deep inside a nested value knows what failed but not which key and
+        field held it; the layer that knows adds that before re-raising.
+        """
+        if self.key is not None or self.field is not None or not any(where.values()):
+            return
+        self.request_id = where.get("request_id") or self.request_id
+        self.key = where.get("key")
+        self.field = where.get("field")
+        StoreError.__init__(
+            self, self.reason, request_id=self.request_id, key=self.key, field=self.field
+        )
+
 
 class ConfigurationError(StoreError):
     """The store was set up with a client or setting it cannot work with."""
@@ -122,6 +137,21 @@ class StalePassError(StoreError):
 
 class UnknownWorkerGraphError(ValidationError):
     """A report names a worker graph that is not part of the current forward pass."""
+
+
+class FencedError(StoreError):
+    """The caller's lease was superseded (another replica claimed the step): nothing written.
+
+    A replica that was paused or cut off past its lease's expiry gets this on its next
+    fenced write, and must drop the request: another replica drives it now.
+    """
+
+    def __init__(self, token: int, current: int, **where: str | None) -> None:
+        self.token = token
+        self.current = current
+        super().__init__(
+            f"lease with fencing token {token} was superseded by token {current}", **where
+        )
 
 
 class TransactionConflictError(StoreError):

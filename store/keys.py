@@ -5,11 +5,16 @@ sit in one Redis Cluster slot and every multi-key script or transaction on a req
 on a cluster. Only the request index lives outside any request's slot.
 
     <ns>:requests                         sorted set: request id -> creation time (index)
+    <ns>:deadlines                        sorted set: "<rid> <partition>" -> when to look
+                                          at it if nothing happens (recovery index)
+    <ns>:replicas                         sorted set: replica id -> last heartbeat
     <ns>:{<rid>}:meta                     hash: request-level record (RequestRecord)
     <ns>:{<rid>}:part:<partition>         hash: PartitionState, one field per attribute
     <ns>:{<rid>}:pub:<partition>          hash: resource label -> encoded PublishedInfo
     <ns>:{<rid>}:conn:<from>-><to>        hash: StreamingConnectionState
     <ns>:{<rid>}:ops                      sorted set: applied operation id -> time (dedupe)
+    <ns>:{<rid>}:lease                    hash: fencing token, and per partition the lease
+                                          on its next step (holder, token, expiry, pass)
 """
 
 from __future__ import annotations
@@ -107,6 +112,14 @@ class KeySpace:
     def index(self) -> str:
         return f"{self.namespace}:requests"
 
+    @property
+    def deadlines(self) -> str:
+        return f"{self.namespace}:deadlines"
+
+    @property
+    def replicas(self) -> str:
+        return f"{self.namespace}:replicas"
+
     def request_prefix(self, request_id: str) -> str:
         return f"{self.namespace}:{{{request_id}}}:"
 
@@ -125,11 +138,14 @@ class KeySpace:
     def ops(self, request_id: str) -> str:
         return f"{self.request_prefix(request_id)}ops"
 
+    def lease(self, request_id: str) -> str:
+        return f"{self.request_prefix(request_id)}lease"
+
     def request_keys(
         self, request_id: str, partitions: list[str], connections: list[str]
     ) -> list[str]:
         """Every key a request with this topology may hold."""
-        keys = [self.meta(request_id), self.ops(request_id)]
+        keys = [self.meta(request_id), self.ops(request_id), self.lease(request_id)]
         for name in partitions:
             keys += [self.partition(request_id, name), self.publish_info(request_id, name)]
         keys += [self.connection(request_id, name) for name in connections]

@@ -26,6 +26,7 @@ class RequestRecord:
     resource_configs: dict[str, ResourceReqConfig] = field(default_factory=dict)
     final_outputs: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
+    finished_at: float = 0.0
 
 
 @dataclass
@@ -38,14 +39,34 @@ class RequestState:
 
 
 @dataclass(frozen=True)
+class Lease:
+    """A replica's right to drive one partition's next step, until ``expires_at``.
+
+    ``token`` is the request's fencing token at the grant: a later claim by another
+    replica raises it, and every write fenced with this lease is then rejected.
+    ``pass_number`` is the forward pass the step is about (the pass that just completed,
+    or, for a claimed step, the pass the partition was at).
+    """
+
+    request_id: str
+    partition: str
+    holder: str
+    token: int
+    pass_number: int
+    expires_at: float
+
+
+@dataclass(frozen=True)
 class ReportOutcome:
     """What applying one worker-graph rank report did.
 
     ``applied`` is False for a duplicate delivery, which changed nothing. ``pass_complete``
-    is True for exactly one report per forward pass: the one that completed it.
+    is True for exactly one report per forward pass: the one that completed it; when the
+    report named its replica, ``lease`` is that replica's lease on the next step.
     """
 
     applied: bool
     rank_completions: int
     worker_graph_complete: bool
     pass_complete: bool
+    lease: Lease | None = None

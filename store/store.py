@@ -51,6 +51,7 @@ from store.errors import (
     ConfigurationError,
     ConnectionNotFound,
     CorruptRecordError,
+    FencedError,
     PartitionNotFound,
     RequestExistsError,
     RequestNotFound,
@@ -70,7 +71,7 @@ from store.keys import (
     validate_request_id,
 )
 from store.layout import RecordLayout
-from store.records import ReportOutcome, RequestRecord, RequestState
+from store.records import Lease, ReportOutcome, RequestRecord, RequestState
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
 from store.transaction import Plan, optimistic
 
@@ -82,6 +83,9 @@ _SCRIPTS = (
     "raise_field",
     "update_fields",
     "load_hashes",
+    "claim_step",
+    "release_lease",
+    "renew_lease",
 )
 _VERSION = str(SCHEMA_VERSION).encode()
 
@@ -121,18 +125,20 @@ class RequestStore:
         codec: Codec | None = None,
         retry: RetryPolicy | None = None,
         dedupe_window: float = 3600.0,
+        lease_ttl: float = 10.0,
         topology_cache_size: int = 4096,
     ) -> None:
         kwargs: dict[str, Any] = getattr(client, "get_connection_kwargs", dict)()
         if kwargs.get("decode_responses"):
             raise ConfigurationError("the store needs a client with decode_responses=False")
-        if dedupe_window <= 0:
-            raise ConfigurationError("dedupe_window must be positive")
+        if dedupe_window <= 0 or lease_ttl <= 0:
+            raise ConfigurationError("dedupe_window and lease_ttl must be positive")
         self.client = client
         self.keys = KeySpace(namespace)
         self.codec = codec or Codec()
         self.retry = retry or RetryPolicy()
         self.dedupe_window = dedupe_window
+        self.lease_ttl = lease_ttl
         self.stats = StoreStats()
         self._partition = RecordLayout(
             PartitionState, self.codec, exclude=("resource_publish_info",)
@@ -148,7 +154,7 @@ class RequestStore:
         """A store on the Redis at ``url`` (see ``store.connect`` for the URL forms)."""
         store_options = {
             k: options.pop(k)
-            for k in ("codec", "retry", "dedupe_window", "topology_cache_size")
+            for k in ("codec", "retry", "dedupe_window", "lease_ttl", "topology_cache_size")
             if k in options
         }
         return cls(client_from_url(url, **options), namespace=namespace, **store_options)
@@ -270,13 +276,15 @@ class RequestStore:
             topology = self._load_topology(rid)
         except RequestNotFound:
             topology = None
+        partitions = list(topology.partitions) if topology else []
         keys = self.keys.request_keys(
-            rid,
-            list(topology.partitions) if topology else [],
-            list(topology.connections) if topology else [],
+            rid, partitions, list(topology.connections) if topology else []
         )
         with self._redis_errors(rid):
             self.client.unlink(*keys)
+            if partitions:
+                members = [_deadline_member(rid, p) for p in partitions]
+                self.client.zrem(self.keys.deadlines, *members)
             self.client.zrem(self.keys.index, rid)
         return topology is not None
 
@@ -368,14 +376,26 @@ class RequestStore:
             rid, key, self._connection, {"producer_done": True}, ConnectionNotFound
         )
 
-    def set_final_output(self, request_id: str, name: str, value: Any) -> None:
-        """Record one of the request's final outputs (plain data) under ``name``."""
+    def set_final_output(
+        self, request_id: str, name: str, value: Any, *, fence: Lease | None = None
+    ) -> None:
+        """Record one of the request's final outputs (plain data) under ``name``.
+
+        With ``fence``, the write is rejected (``FencedError``) if that lease was superseded.
+        """
         rid = validate_request_id(request_id)
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_LENGTH:
             raise ValidationError("output name must be a non-empty str", request_id=rid)
         key = self.keys.meta(rid)
         fields = self._record.encode_field("final_outputs", {name: value}, request_id=rid, key=key)
-        self._run(rid, "update_fields", [key], [_VERSION, 0, *_pairs(fields)], RequestNotFound)
+        self._run(
+            rid,
+            "update_fields",
+            [key, self.keys.lease(rid)],
+            [_VERSION, *_fence_args(fence), 0, *_pairs(fields)],
+            RequestNotFound,
+            fence,
+        )
 
     def _update_fields(
         self,
@@ -384,6 +404,7 @@ class RequestStore:
         layout: RecordLayout[Any],
         attributes: Mapping[str, Any],
         missing: type[StoreError],
+        fence: Lease | None = None,
     ) -> None:
         replaced: list[str] = []
         fields: dict[str, bytes] = {}
@@ -391,8 +412,8 @@ class RequestStore:
             fields.update(layout.encode_field(attr, value, request_id=rid, key=key))
             if layout.fields[attr].shape != "scalar":
                 replaced.append(attr)
-        args = [_VERSION, len(replaced), *replaced, *_pairs(fields)]
-        self._run(rid, "update_fields", [key], args, missing)
+        args = [_VERSION, *_fence_args(fence), len(replaced), *replaced, *_pairs(fields)]
+        self._run(rid, "update_fields", [key, self.keys.lease(rid)], args, missing, fence)
 
     def add_tokens(
         self, request_id: str, connection: str, count: int, *, op_id: str | None = None
@@ -428,13 +449,16 @@ class RequestStore:
         new_tokens: int = 0,
         output_names: Sequence[str] = (),
         consumed: Mapping[str, int] | None = None,
+        replica_id: str | None = None,
     ) -> ReportOutcome:
         """Apply one worker-graph rank report, once, in one round trip.
 
         The rank counts towards ``wg_rank_completions``; the rank-0 report also carries the
         new output tokens (added to the partition and to every outgoing connection), the
         consumed counts of incoming connections (raised, never lowered) and output names.
-        A second delivery of the same (pass, worker graph, rank) changes nothing.
+        A second delivery of the same (pass, worker graph, rank) changes nothing. The report
+        that completes the pass, if it names ``replica_id``, comes back with that replica's
+        lease on the next step (``ReportOutcome.lease``), granted in the same script.
         """
         rid = validate_request_id(request_id)
         name = validate_name(partition_name, what="partition name", request_id=rid)
@@ -463,6 +487,7 @@ class RequestStore:
         for output in output_names:
             if not isinstance(output, str):
                 raise ValidationError("output names must be str", request_id=rid, key=key)
+        holder = _check_replica_id(replica_id, rid)
         for attempt in range(2):
             topology = self._topology(rid)
             outgoing, incoming = topology.outgoing(name), topology.incoming(name)
@@ -480,12 +505,14 @@ class RequestStore:
             for conn_name, count in consumed.items():
                 _check_int(count, f"consumed[{conn_name}]", rid, minimum=0)
             fed = [c for c in incoming if c in consumed]
-            keys = [key]
+            keys = [key, self.keys.lease(rid)]
             keys += [self.keys.connection(rid, c) for c in outgoing]
             keys += [self.keys.connection(rid, c) for c in fed]
+            now = time.time()
             args: list[Any] = [
                 _VERSION, fwd_pass, worker_graph_id, rank, num_ranks, new_tokens,
-                len(outgoing), len(fed), *(consumed[c] for c in fed), *output_names,
+                len(outgoing), len(fed), name, holder, now, self.lease_ttl,
+                *(consumed[c] for c in fed), *output_names,
             ]  # fmt: skip
             try:
                 reply = self._run(rid, "apply_report", keys, args, PartitionNotFound)
@@ -503,11 +530,16 @@ class RequestStore:
                     key=key,
                     field="current_worker_graph_ids",
                 )
+            lease = None
+            if int(reply[4]):
+                lease = Lease(rid, name, holder, int(reply[4]), fwd_pass, now + self.lease_ttl)
+                self._schedule(rid, name, lease.expires_at)
             return ReportOutcome(
                 applied=reply[0] == b"OK",
                 rank_completions=int(reply[1]),
                 worker_graph_complete=bool(reply[2]),
                 pass_complete=bool(reply[3]),
+                lease=lease,
             )
         raise AssertionError("unreachable")
 
@@ -521,13 +553,14 @@ class RequestStore:
         worker_graph_ids: Sequence[str] = (),
         done: bool = False,
         op_id: str | None = None,
+        fence: Lease | None = None,
     ) -> int:
         """Move the partition from pass ``from_pass`` to the next; returns the new pass.
 
         Per-pass sets and counts reset, ``metadata`` replaces the old, ``fwd_pass_number`` and
         ``random_seed`` go up by one; ``done`` also sets ``is_done`` and ``producer_done`` on
         every outgoing connection. Raises ``StalePassError`` (changing nothing) when
-        ``from_pass`` is no longer current.
+        ``from_pass`` is no longer current, and ``FencedError`` when ``fence`` was superseded.
         """
         rid = validate_request_id(request_id)
         name = validate_name(partition_name, what="partition name", request_id=rid)
@@ -544,14 +577,18 @@ class RequestStore:
         wgs = list(worker_graph_ids)
         self._partition.encode_field("current_worker_graph_ids", set(wgs), request_id=rid, key=key)
         topology = self._topology(rid)
-        keys = [key, self.keys.ops(rid)]
+        keys = [key, self.keys.ops(rid), self.keys.lease(rid)]
         keys += [self.keys.connection(rid, c) for c in topology.outgoing(name)]
         op = f"advance:{op_id or uuid.uuid4().hex}"
+        if fence is not None and fence.partition != name:
+            raise ValidationError(
+                f"a lease on partition {fence.partition!r} cannot fence {name!r}", request_id=rid
+            )
         args = [
             _VERSION, from_pass, op, *self._window(), encoded["metadata"],
-            "1" if done else "0", *wgs,
+            "1" if done else "0", name, fence.token if fence else "", *wgs,
         ]  # fmt: skip
-        reply = self._run(rid, "advance_partition", keys, args, PartitionNotFound)
+        reply = self._run(rid, "advance_partition", keys, args, PartitionNotFound, fence)
         if reply[0] == b"STALE":
             raise StalePassError(from_pass, int(reply[1]), request_id=rid, key=key)
         return int(reply[1]) if reply[0] == b"OK" else from_pass + 1
@@ -641,7 +678,151 @@ class RequestStore:
         assert outcome.result is not None
         return outcome.result
 
+    # -- leases and recovery ------------------------------------------------------------
+
+    def claim_step(self, request_id: str, partition_name: str, replica_id: str) -> Lease | None:
+        """Take over a partition's next step if no live lease covers it; else None.
+
+        Raises the request's fencing token, so every write fenced with an earlier lease is
+        rejected from now on. The claimer reads the partition and redoes whatever the old
+        driver may not have done (advance, if ``pass_number`` is still the completed pass;
+        then send the pass): each of those is safe to repeat.
+        """
+        rid = validate_request_id(request_id)
+        name = validate_name(partition_name, what="partition name", request_id=rid)
+        holder = _check_replica_id(replica_id, rid)
+        if not holder:
+            raise ValidationError("claim_step needs a replica id", request_id=rid)
+        now = time.time()
+        keys = [self.keys.lease(rid), self.keys.partition(rid, name)]
+        reply = self._run(
+            rid, "claim_step", keys, [_VERSION, name, holder, now, self.lease_ttl],
+            PartitionNotFound,
+        )  # fmt: skip
+        if reply[0] != b"OK":
+            return None
+        lease = Lease(rid, name, holder, int(reply[1]), int(reply[2]), now + self.lease_ttl)
+        self._schedule(rid, name, lease.expires_at)
+        return lease
+
+    def release_lease(self, lease: Lease, *, check_at: float | None = None) -> None:
+        """Record that the lease's step was sent; the lease ends.
+
+        ``check_at`` is when recovery should look at the partition again if no report moves
+        it on (the pass deadline); None takes it off the recovery index (partition done).
+        Raises ``FencedError`` if the lease was superseded.
+        """
+        rid = lease.request_id
+        keys = [self.keys.lease(rid)]
+        self._run(
+            rid, "release_lease", keys, [lease.partition, lease.token], RequestNotFound, lease
+        )
+        if check_at is None:
+            with self._redis_errors(rid):
+                self.client.zrem(self.keys.deadlines, _deadline_member(rid, lease.partition))
+        else:
+            self._schedule(rid, lease.partition, check_at)
+
+    def renew_lease(self, lease: Lease, ttl: float | None = None) -> Lease:
+        """Extend a lease still held; raises ``FencedError`` if it was superseded."""
+        expires = time.time() + (ttl or self.lease_ttl)
+        rid = lease.request_id
+        self._run(
+            rid, "renew_lease", [self.keys.lease(rid)], [lease.partition, lease.token, expires],
+            RequestNotFound, lease,
+        )  # fmt: skip
+        self._schedule(rid, lease.partition, expires)
+        return Lease(rid, lease.partition, lease.holder, lease.token, lease.pass_number, expires)
+
+    def schedule_check(self, request_id: str, partition_name: str, at: float) -> None:
+        """Ask recovery to look at the partition at ``at`` unless something moves it first."""
+        rid = validate_request_id(request_id)
+        name = validate_name(partition_name, what="partition name", request_id=rid)
+        self._schedule(rid, name, at)
+
+    def due_steps(self, *, now: float | None = None, limit: int = 100) -> list[tuple[str, str]]:
+        """(request id, partition) pairs whose check time has passed, oldest first.
+
+        Costs O(log n + returned), read from the recovery index; never a SCAN.
+        """
+        with self._redis_errors(None):
+            members = self.client.zrangebyscore(
+                self.keys.deadlines, "-inf", now or time.time(), start=0, num=limit
+            )
+        out = []
+        for member in members:
+            rid, _, name = member.decode().partition(" ")
+            out.append((rid, name))
+        return out
+
+    def leases(self, request_id: str) -> dict[str, Lease]:
+        """The live and lapsed leases held on the request's partitions, by partition."""
+        rid = validate_request_id(request_id)
+        with self._redis_errors(rid):
+            raw = self.client.hgetall(self.keys.lease(rid))
+        fields = {k.decode(): v.decode() for k, v in raw.items()}
+        out = {}
+        for field, holder in fields.items():
+            if field.startswith("holder[") and field.endswith("]"):
+                name = field[7:-1]
+                out[name] = Lease(
+                    rid,
+                    name,
+                    holder,
+                    int(fields.get(f"token[{name}]", 0)),
+                    int(fields.get(f"pass[{name}]", 0)),
+                    float(fields.get(f"expires[{name}]", 0)),
+                )
+        return out
+
+    def finish_request(
+        self, request_id: str, *, fence: Lease | None = None, keep_for: float | None = None
+    ) -> None:
+        """The request is done: delete it, or keep it ``keep_for`` seconds for inspection.
+
+        Either way it leaves the recovery index; a kept request expires by TTL on every key.
+        """
+        rid = validate_request_id(request_id)
+        topology = self._topology(rid)
+        if keep_for is None:
+            if fence is not None:
+                self.release_lease(fence)
+            self.delete_request(rid)
+        else:
+            self._update_fields(
+                rid, self.keys.meta(rid), self._record, {"finished_at": time.time()},
+                RequestNotFound, fence,
+            )  # fmt: skip
+            partitions = list(topology.partitions)
+            keys = self.keys.request_keys(rid, partitions, list(topology.connections))
+            with self._redis_errors(rid):
+                pipe = self.client.pipeline(transaction=False)
+                for key in keys:
+                    pipe.expire(key, max(1, int(keep_for)))
+                pipe.execute()
+                members = [_deadline_member(rid, p) for p in partitions]
+                self.client.zrem(self.keys.deadlines, *members)
+
+    def reap(self, *, max_age: float, limit: int = 1000) -> list[str]:
+        """Delete requests created more than ``max_age`` seconds ago (abandoned, or kept
+        finished ones whose keys expired) and drop their index entries; returns their ids.
+        """
+        with self._redis_errors(None):
+            old = self.client.zrangebyscore(
+                self.keys.index, "-inf", time.time() - max_age, start=0, num=limit
+            )
+        reaped = []
+        for raw in old:
+            rid = raw.decode()
+            self.delete_request(rid)
+            reaped.append(rid)
+        return reaped
+
     # -- internals ------------------------------------------------------------------------
+
+    def _schedule(self, rid: str, partition: str, at: float) -> None:
+        with self._redis_errors(rid):
+            self.client.zadd(self.keys.deadlines, {_deadline_member(rid, partition): at})
 
     def _window(self) -> tuple[float, float]:
         return time.time(), self.dedupe_window
@@ -662,8 +843,9 @@ class RequestStore:
         keys: list[str],
         args: list[Any],
         missing: type[StoreError],
+        fence: Lease | None = None,
     ) -> list[Any]:
-        """Run a script; turn its NOKEY and SCHEMA statuses into typed errors."""
+        """Run a script; turn its NOKEY, SCHEMA and FENCED statuses into typed errors."""
         with self._redis_errors(rid, keys[0]):
             reply = self._scripts[script](keys=keys, args=args)
         status = reply[0]
@@ -671,6 +853,9 @@ class RequestStore:
             key = reply[1].decode()
             kind = ConnectionNotFound if ":conn:" in key else missing
             self._raise_not_found(rid, kind, "no such record", key=key)
+        if status == b"FENCED":
+            token = fence.token if fence else 0
+            raise FencedError(token, int(reply[1]), request_id=rid, key=self.keys.lease(rid))
         if status == b"SCHEMA":
             self._check_version(rid, reply[1].decode(), reply[2])
         return list(reply)
@@ -778,6 +963,25 @@ def _pairs(fields: Mapping[str, bytes]) -> list[Any]:
     for field, value in fields.items():
         out += [field, value]
     return out
+
+
+def _deadline_member(rid: str, partition: str) -> str:
+    # Request ids hold no spaces (validated), so the first space splits the member.
+    return f"{rid} {partition}"
+
+
+def _fence_args(fence: Lease | None) -> list[Any]:
+    return [fence.partition, fence.token] if fence else ["", ""]
+
+
+def _check_replica_id(replica_id: Any, rid: str) -> str:
+    if replica_id is None:
+        return ""
+    if not isinstance(replica_id, str) or not 0 < len(replica_id) <= MAX_NAME_LENGTH:
+        raise ValidationError(
+            f"replica id must be a str of 1 to {MAX_NAME_LENGTH} characters", request_id=rid
+        )
+    return replica_id
 
 
 def _check_int(value: Any, what: str, rid: str, *, minimum: int) -> None:

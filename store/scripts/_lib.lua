@@ -49,3 +49,24 @@ local function hset_pairs(key, first, last)
     redis.call('HSET', key, unpack(ARGV, i, math.min(i + 999, last)))
   end
 end
+
+-- Leases (hash "<ns>:{rid}:lease"): "token" is the request's fencing token and only rises;
+-- per partition p, "token[p]" is the token of p's latest lease, and while a replica holds
+-- it "holder[p]", "expires[p]" (seconds) and "pass[p]" (the pass the step is about).
+
+-- Grant partition p's lease to `holder`, raising the request's fencing token.
+local function grant_lease(lease_key, p, holder, now, ttl, pass)
+  local token = redis.call('HINCRBY', lease_key, 'token', 1)
+  redis.call('HSET', lease_key, 'holder[' .. p .. ']', holder, 'token[' .. p .. ']', token,
+             'expires[' .. p .. ']', tonumber(now) + tonumber(ttl), 'pass[' .. p .. ']', pass)
+  return token
+end
+
+-- nil when `token` is empty (no fence asked for) or is partition p's current lease token;
+-- else {'FENCED', current_token}: a newer lease was granted, the caller's is void.
+local function check_fence(lease_key, p, token)
+  if token == '' then return nil end
+  local current = redis.call('HGET', lease_key, 'token[' .. p .. ']')
+  if current ~= token then return {'FENCED', current or '0'} end
+  return nil
+end
