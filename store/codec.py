@@ -21,6 +21,7 @@ from store.errors import (
     EncodeError,
     PayloadTooLargeError,
     SchemaVersionError,
+    StoreError,
     UnknownKindError,
     UnknownStoredKindError,
 )
@@ -63,10 +64,21 @@ class Codec:
     # -- values of a declared type -------------------------------------------------------
 
     def encode(self, value: Any, type_: Any = None, **where: str | None) -> bytes:
-        """Encode ``value`` declared as ``type_`` (default: its own class)."""
+        """Encode ``value`` declared as ``type_`` (default: its own class).
+
+        msgspec encodes by the value's own type, so a value of another type than declared is
+        refused here: it would be written fine and then fail every read.
+        """
+        if type_ is not None and not _conforms(value, type_):
+            raise EncodeError(
+                f"expected {_type_name(type_)}, got {type(value).__name__}", **where
+            )
         plan = self._plan(type(value) if type_ is None else type_)
         try:
             data = self._encoder.encode(plan.to_wire(value) if plan.to_wire else value)
+        except StoreError as e:  # a nested value's own error (an unregistered kind): keep it
+            e.locate(**where)
+            raise
         except (TypeError, ValueError, OverflowError) as e:
             raise EncodeError(f"cannot encode {type(value).__name__}: {e}", **where) from e
         self.check_size(data, **where)
@@ -79,6 +91,9 @@ class Codec:
         try:
             value = self._decoder(plan.wire_type).decode(data)
             return plan.from_wire(value) if plan.from_wire else value
+        except StoreError as e:  # a nested kind's own error (an unknown kind): keep it
+            e.locate(**where)
+            raise
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise CorruptRecordError(
                 f"stored value does not decode as {_type_name(type_)}: {e}", **where
@@ -104,9 +119,12 @@ class Codec:
                 **where,
             )
         plan = self._plan(cls)
-        payload = plan.to_wire(value) if plan.to_wire else value
         try:
+            payload = plan.to_wire(value) if plan.to_wire else value
             data = self._encoder.encode((SCHEMA_VERSION, name, payload))
+        except StoreError as e:  # a nested kind's own error (an unregistered kind): keep it
+            e.locate(**where)
+            raise
         except (TypeError, ValueError, OverflowError) as e:
             raise EncodeError(f"cannot encode {cls.__name__}: {e}", **where) from e
         self.check_size(data, **where)
@@ -121,6 +139,8 @@ class Codec:
             raise CorruptRecordError(
                 f"stored value is not a {base.__name__} envelope: {e}", **where
             ) from e
+        except RecursionError as e:  # skipping the payload recurses too
+            raise CorruptRecordError("stored value is nested too deeply to decode", **where) from e
         if version > SCHEMA_VERSION:
             raise SchemaVersionError(version, SCHEMA_VERSION, **where)
         cls = self.registry.type_of(name)
@@ -247,6 +267,26 @@ class Codec:
                 raise msgspec.ValidationError(f"{cls.__name__}: {e}") from e
 
         return _Plan(wire, to_wire, from_wire)
+
+
+def _conforms(value: Any, tp: Any) -> bool:
+    """A shallow check of ``value`` against a declared type (classes only, not generics)."""
+    if tp is Any:
+        return True
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arg) for arg in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if isinstance(tp, type) and tp is not object:
+        return isinstance(value, origin or tp)
+    if isinstance(origin, type):
+        return isinstance(value, origin)
+    return True
 
 
 def _identity(value: Any) -> Any:
