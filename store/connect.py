@@ -14,7 +14,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel
 
-from store.errors import ConfigurationError
+from store.errors import ConfigurationError, StoreConnectionError
 
 
 def _hosts(netloc: str, url: str) -> tuple[list[tuple[str, int]], str | None]:
@@ -51,9 +51,15 @@ def client_from_url(url: str, **kwargs: Any) -> Any:
     if scheme == "redis+cluster":
         hosts, password = _hosts(urlsplit(url).netloc, url)
         nodes = [ClusterNode(h, p) for h, p in hosts]  # type: ignore[no-untyped-call]
-        return RedisCluster(startup_nodes=nodes, password=password, **kwargs)
+        try:
+            return RedisCluster(startup_nodes=nodes, password=password, **kwargs)
+        except redis.RedisError as e:  # a cluster client connects as it is built
+            raise StoreConnectionError(f"Redis Cluster unreachable at {url!r}: {e}") from e
     if scheme in ("redis", "rediss", "unix"):
-        return redis.Redis.from_url(url, **kwargs)
+        try:
+            return redis.Redis.from_url(url, **kwargs)
+        except ValueError as e:  # redis-py rejects a malformed URL with a bare ValueError
+            raise ConfigurationError(f"bad Redis URL {url!r}: {e}") from e
     raise ConfigurationError(
         f"{url!r}: unsupported scheme {scheme!r}; use redis://, rediss://, unix://, "
         "redis+sentinel:// or redis+cluster://"

@@ -1,0 +1,226 @@
+"""``ls`` and ``show``: the live state of held requests, for people or as JSON.
+
+Partitions, connections and records are rendered from their dataclass fields, so a field
+added to a type shows up here without a change; published infos and resource configs are
+named by their registered kind, the name they are stored under.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from mstar.conductor.request_info import PartitionState, StreamingConnectionState
+from mstar.engine.resources import PublishedKVInfo, PublishedPositionInfo
+from store.cli import add_common_options, open_store
+from store.errors import CorruptRecordError, RequestNotFound
+from store.kinds import POLYMORPHIC_BASES, KindRegistry
+from store.records import RequestState
+
+# Shown in the request's header or as sections of their own, not as record fields.
+_RECORD_HEADER_FIELDS = ("request_id", "partitions", "connections", "created_at")
+
+
+def add_parser(subparsers: Any) -> None:
+    ls = subparsers.add_parser("ls", help="list the requests held, one line each")
+    add_common_options(ls)
+    ls.set_defaults(func=run_ls)
+    show = subparsers.add_parser("show", help="print one request's whole state")
+    show.add_argument("request_id", metavar="REQUEST_ID")
+    show.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_common_options(show)
+    show.set_defaults(func=run_show)
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        ids = store.list_requests()
+        if not ids:
+            print(f"no requests in namespace {args.namespace!r}")
+            return 0
+        print(f"{len(ids)} request{'s' if len(ids) != 1 else ''} in namespace {args.namespace!r}")
+        width = max(len(rid) for rid in ids)
+        now = time.time()
+        for rid in ids:
+            try:
+                line = summary_line(store.load_request(rid), now)
+            except RequestNotFound:
+                line = "not held: its create or delete was interrupted (stale index entry)"
+            except CorruptRecordError as e:  # one bad record must not hide the others
+                line = f"unreadable: {e}"
+            print(f"{rid:<{width}}  {line}")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        state = store.load_request(args.request_id)
+        registry = store.codec.registry
+    if args.json:
+        data = {"namespace": args.namespace, **to_builtins(state, registry)}
+        encoded = msgspec.json.encode(data, enc_hook=repr, order="deterministic")
+        print(msgspec.json.format(encoded, indent=2).decode())
+    else:
+        print("\n".join(describe(state, registry, args.namespace, time.time())))
+    return 0
+
+
+# -- one-line summaries ------------------------------------------------------------------
+
+
+def age(seconds: float) -> str:
+    """``42s``, ``3m04s``, ``2h05m``, ``3d04h``: short and still precise enough to compare."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def partition_progress(name: str, part: PartitionState) -> str:
+    """``llm: pass 12 tokens 40 [done]``."""
+    done = " [done]" if part.is_done else ""
+    return f"{name}: pass {part.fwd_pass_number} tokens {part.num_output_tokens}{done}"
+
+
+def connection_progress(name: str, conn: StreamingConnectionState) -> str:
+    """``llm->codec 40/38 done``: tokens sent / consumed, and whether the producer finished."""
+    done = " done" if conn.producer_done else ""
+    return f"{name} {conn.token_count}/{conn.consumed_count}{done}"
+
+
+def summary_line(state: RequestState, now: float) -> str:
+    parts = [f"age {age(now - state.record.created_at)}"]
+    parts += [partition_progress(n, p) for n, p in state.partitions.items()]
+    parts += [connection_progress(n, c) for n, c in state.connections.items()]
+    return "  ".join(parts)
+
+
+def kind_name(value: Any, registry: KindRegistry) -> str:
+    cls = type(value)
+    return registry.name_of(cls) or cls.__qualname__
+
+
+def summarize_info(value: Any, registry: KindRegistry) -> str:
+    """Published info in a line: KV ranks and labels with lengths and pages, counters."""
+    kind = kind_name(value, registry)
+    if isinstance(value, PublishedKVInfo):
+        ranks = "; ".join(
+            f"rank {rank}: "
+            + ", ".join(
+                f"{label} seq_len {seq.seq_len} pages {len(seq.page_indices)}"
+                for label, seq in sorted(labels.items())
+            )
+            for rank, labels in sorted(value.info.items())
+        )
+        return f"{kind} (world size {value.world_size}) {ranks or 'no ranks'}"
+    if isinstance(value, PublishedPositionInfo):
+        counters = ", ".join(f"{k}={v}" for k, v in sorted(value.counters.items()))
+        return f"{kind} {counters or 'no counters'}"
+    return f"{kind} {_inline(value, registry)}"
+
+
+# -- show: the whole request --------------------------------------------------------------
+
+
+def describe(state: RequestState, registry: KindRegistry, namespace: str, now: float) -> list[str]:
+    """Every field of the record, each partition and each connection, one per line."""
+    record = state.record
+    created = datetime.fromtimestamp(record.created_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    lines = [
+        f"request {record.request_id} in namespace {namespace!r} "
+        f"(created {created}, {age(now - record.created_at)} ago)"
+    ]
+    lines += _fields(record, registry, skip=_RECORD_HEADER_FIELDS)
+    for name, part in state.partitions.items():
+        lines.append(f"partition {name}")
+        lines += _fields(part, registry, skip=("partition_name",))
+    for name, conn in state.connections.items():
+        lines.append(f"connection {name}")
+        lines += _fields(conn, registry, skip=())
+    return lines
+
+
+def _fields(obj: Any, registry: KindRegistry, skip: tuple[str, ...]) -> list[str]:
+    names = [f.name for f in dataclasses.fields(obj) if f.name not in skip]
+    width = max((len(n) for n in names), default=0)
+    lines = []
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, Mapping) and value and any(map(_is_structured, value.values())):
+            # A mapping of records reads better as one entry per line.
+            lines.append(f"  {name}")
+            key_width = max(len(str(k)) for k in value)
+            lines += [
+                f"    {k!s:<{key_width}}  {_inline(v, registry)}"
+                for k, v in sorted(value.items(), key=lambda item: str(item[0]))
+            ]
+        else:
+            lines.append(f"  {name:<{width}}  {_inline(value, registry)}")
+    return lines
+
+
+def _is_structured(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) or isinstance(value, POLYMORPHIC_BASES)
+
+
+def _inline(value: Any, registry: KindRegistry) -> str:
+    if isinstance(value, POLYMORPHIC_BASES) and not isinstance(value, type):
+        if isinstance(value, (PublishedKVInfo, PublishedPositionInfo)):
+            return summarize_info(value, registry)
+        return f"{kind_name(value, registry)} {_inline_fields(value, registry)}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _inline_fields(value, registry)
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(map(str, value))) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_inline(v, registry) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_inline(v, registry)}" for k, v in value.items()) + "}"
+    return repr(value) if isinstance(value, str | bytes) else str(value)
+
+
+def _inline_fields(value: Any, registry: KindRegistry) -> str:
+    if not dataclasses.is_dataclass(value):
+        return repr(value)
+    return " ".join(
+        f"{f.name}={_inline(getattr(value, f.name), registry)}" for f in dataclasses.fields(value)
+    )
+
+
+# -- show --json -----------------------------------------------------------------------------
+
+
+def to_builtins(state: RequestState, registry: KindRegistry) -> dict[str, Any]:
+    """The request as plain data; each published info or config as ``{kind, value}``."""
+    return {
+        "record": _plain(state.record, registry),
+        "partitions": {n: _plain(p, registry) for n, p in state.partitions.items()},
+        "connections": {n: _plain(c, registry) for n, c in state.connections.items()},
+    }
+
+
+def _plain(value: Any, registry: KindRegistry) -> Any:
+    if isinstance(value, POLYMORPHIC_BASES) and not isinstance(value, type):
+        return {
+            "kind": kind_name(value, registry),
+            "value": msgspec.to_builtins(
+                value, str_keys=True, enc_hook=repr, order="deterministic"
+            ),
+        }
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name), registry) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):  # JSON object keys are strings
+        return {str(k): _plain(v, registry) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, registry) for v in value]
+    return value  # scalars; sets are sorted by msgspec's deterministic order

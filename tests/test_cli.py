@@ -1,0 +1,355 @@
+"""The ``mstar-store`` command line, driven in-process through ``store.cli.main``.
+
+Against fakeredis, ``store.cli.make_client`` is replaced so that the command runs on the
+test's fake server; against real Redis the command gets ``--redis-url`` like a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import fakeredis
+import pytest
+import redis
+
+from mstar.conductor.request_info import (
+    CurrentForwardConductorMetadata,
+    PartitionDefinition,
+    PartitionState,
+    StreamingConnectionState,
+)
+from mstar.engine.resources import (
+    KVSequenceInfo,
+    PublishedKVInfo,
+    PublishedPositionInfo,
+    SamplingReqConfig,
+)
+from store import cli, demo
+from store.store import RequestStore
+from tests.conftest import redis_url_for_tests
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+Run = Callable[..., Result]
+
+
+@pytest.fixture(autouse=True)
+def _no_env_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MSTAR_REDIS_URL", raising=False)
+    monkeypatch.delenv("MSTAR_NAMESPACE", raising=False)
+
+
+@pytest.fixture
+def run(
+    client: redis.Redis,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
+) -> Run:
+    """``run("ls")`` runs ``mstar-store ls`` in the test's namespace on the test's backend."""
+    if isinstance(client, fakeredis.FakeRedis):
+        server = request.getfixturevalue("fake_server")
+        monkeypatch.setattr(cli, "make_client", lambda args: fakeredis.FakeRedis(server=server))
+        backend: list[str] = []
+    else:
+        backend = ["--redis-url", redis_url_for_tests()]
+
+    def run(*argv: str) -> Result:
+        code = cli.main([*argv, "--namespace", namespace, *backend])
+        out, err = capsys.readouterr()
+        return Result(code, out, err)
+
+    return run
+
+
+@pytest.fixture
+def store(client: redis.Redis, namespace: str) -> RequestStore:
+    return RequestStore(client, namespace=namespace)
+
+
+def summary(out: str) -> dict[str, int]:
+    """The demo's summary table as {row label: number}."""
+    table = out.split("\nsummary\n", 1)[1]
+    rows = re.findall(r"^  ([a-z ]+?)\s+(\d+)  ", table, flags=re.MULTILINE)
+    return {label: int(value) for label, value in rows}
+
+
+def seed_request(store: RequestStore, rid: str) -> None:
+    """A two-partition request whose LLM (two ranks) finished one pass of 3 tokens."""
+    meta = CurrentForwardConductorMetadata(graph_walk="prefill", is_prefill=True)
+    store.create_request(
+        rid,
+        partitions={
+            "llm": PartitionState("llm", meta, current_worker_graph_ids={"wg"}),
+            "codec": PartitionState("codec", meta, current_worker_graph_ids={"cwg"}),
+        },
+        connections={"llm->codec": StreamingConnectionState("llm", "codec", "llm->codec")},
+        max_output_tokens=13,
+        seed=7,
+        resource_configs={"sampler": SamplingReqConfig(top_k=5, seed=7)},
+        partition_definitions={"llm": PartitionDefinition("llm", {"prefill", "decode"}, "prefill")},
+    )
+    for rank in (0, 1):
+        kv = KVSequenceInfo(seq_len=20, page_indices=[rank * 10, rank * 10 + 1])
+        store.merge_publish_info(
+            rid,
+            "llm",
+            {
+                "kv": PublishedKVInfo(info={rank: {"main": kv}}, world_size=2),
+                "position": PublishedPositionInfo(counters={"main": 20}),
+            },
+        )
+        store.record_worker_report(
+            rid, "llm", fwd_pass=0, worker_graph_id="wg", rank=rank, num_ranks=2,
+            new_tokens=3 if rank == 0 else 0,
+        )  # fmt: skip
+    store.advance_partition(rid, "llm", from_pass=0, metadata=meta, worker_graph_ids=["wg"])
+    store.set_final_output(rid, "text", "hello")
+
+
+# -- demo ----------------------------------------------------------------------------------
+
+
+def test_demo_summary_counts_what_the_plan_drives(
+    run: Run, client: redis.Redis, namespace: str
+) -> None:
+    result = run("demo", "--requests", "2")
+
+    assert result.code == 0, result.err
+    plan = demo.plan(2)
+    llm_passes = sum(len(p.llm_chunks) for p in plan)
+    codec_passes = result.out.count("\n  codec pass ")
+    numbers = summary(result.out)
+    assert numbers["requests"] == 2
+    assert numbers["tokens"] == sum(p.max_output_tokens for p in plan) == 13 + 19
+    assert result.out.count("\n  llm   pass ") == llm_passes
+    assert numbers["forward passes"] == llm_passes + codec_passes
+    assert numbers["worker reports"] == demo.LLM_RANKS * llm_passes + codec_passes
+    assert numbers["merges"] == demo.LLM_RANKS * llm_passes  # one per rank per LLM pass
+    assert numbers["transaction retries"] == 0  # one conductor, no contention
+    assert "llm->codec 19/19 done  -> done" in result.out
+    assert client.keys(f"{namespace}:*") == []  # finished requests were deleted
+
+
+@pytest.mark.fake
+def test_demo_runs_on_an_embedded_fakeredis_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo"]) == 0
+
+    lines = capsys.readouterr().out.splitlines()
+    assert "embedded in-process fakeredis" in lines[0]
+    assert "namespace 'mstar-demo'" in lines[0]
+    assert len(lines) < 60
+    assert summary("\n".join(lines))["tokens"] == sum(p.max_output_tokens for p in demo.plan(3))
+
+
+def test_demo_keep_leaves_finished_requests_for_ls(run: Run) -> None:
+    assert run("demo", "--requests", "2", "--keep").code == 0
+
+    result = run("ls")
+
+    lines = result.out.splitlines()
+    assert result.code == 0
+    assert lines[0].startswith("2 requests in namespace")
+    assert re.search(r"llm: pass 3 tokens 13 \[done\].*llm->codec 13/13 done$", lines[1])
+    assert re.search(r"llm: pass 4 tokens 19 \[done\].*llm->codec 19/19 done$", lines[2])
+
+
+@pytest.mark.fake
+@pytest.mark.parametrize("missing", ["fakeredis", "lupa"])
+def test_demo_without_fakeredis_says_what_to_install(
+    missing: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, missing, None)  # as if it were not installed
+
+    assert cli.main(["demo"]) == 1
+
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert f"needs {missing}" in err
+    assert "pip install 'mstar-conductor-store[demo]'" in err
+    assert "--redis-url" in err
+    assert err.startswith("error: ")
+    assert "Traceback" not in err
+
+
+@pytest.mark.fake
+def test_demo_rejects_a_non_positive_request_count() -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo", "--requests", "0"])
+    assert exc.value.code == 2
+
+
+# -- ls --------------------------------------------------------------------------------------
+
+
+def test_ls_says_so_when_the_namespace_is_empty(run: Run, namespace: str) -> None:
+    result = run("ls")
+
+    assert result.code == 0
+    assert result.out == f"no requests in namespace {namespace!r}\n"
+
+
+def test_ls_prints_one_line_of_progress_per_request(run: Run, store: RequestStore) -> None:
+    seed_request(store, "r-1")
+    seed_request(store, "r-2")
+    store.update_partition("r-2", "codec", is_done=True)
+    store.raise_consumed_count("r-2", "llm->codec", 2)
+
+    result = run("ls")
+
+    lines = result.out.splitlines()
+    assert result.code == 0
+    assert len(lines) == 3
+    assert re.fullmatch(
+        r"r-1  age \d+s  llm: pass 1 tokens 3  codec: pass 0 tokens 0  llm->codec 3/0", lines[1]
+    )
+    assert lines[2].endswith("llm: pass 1 tokens 3  codec: pass 0 tokens 0 [done]  llm->codec 3/2")
+
+
+def test_ls_flags_an_index_entry_without_its_request(
+    run: Run, store: RequestStore, client: redis.Redis
+) -> None:
+    seed_request(store, "r-1")
+    client.zadd(store.keys.index, {"ghost": 0})  # as a create interrupted after the index
+
+    lines = run("ls").out.splitlines()
+
+    assert lines[0].startswith("2 requests")
+    assert any(line.startswith("ghost") and "not held" in line for line in lines)
+    assert any(line.startswith("r-1") and "llm: pass 1" in line for line in lines)
+
+
+# -- show ------------------------------------------------------------------------------------
+
+
+def test_show_prints_every_part_of_the_request(run: Run, store: RequestStore) -> None:
+    seed_request(store, "r-1")
+
+    result = run("show", "r-1")
+
+    out = result.out
+    assert result.code == 0
+    assert out.startswith("request r-1 in namespace")
+    assert re.search(r"^  max_output_tokens\s+13$", out, re.MULTILINE)
+    assert re.search(r"^  seed\s+7$", out, re.MULTILINE)
+    assert re.search(r"^    sampler\s+sampling temperature=0.6 top_k=5 .* seed=7$", out, re.M)
+    assert re.search(r"^    llm\s+name='llm' graph_walks=\{decode, prefill\}", out, re.MULTILINE)
+    assert re.search(r"^  final_outputs\s+\{text: 'hello'\}$", out, re.MULTILINE)
+    assert "partition llm\n" in out and "partition codec\n" in out
+    assert re.search(r"^  fwd_pass_number\s+1$", out, re.MULTILINE)
+    assert re.search(r"^  num_output_tokens\s+3$", out, re.MULTILINE)
+    assert re.search(r"^  current_worker_graph_ids\s+\{wg\}$", out, re.MULTILINE)
+    assert (
+        "    kv        kv (world size 2) rank 0: main seq_len 20 pages 2; "
+        "rank 1: main seq_len 20 pages 2\n" in out
+    )
+    assert "    position  position main=20\n" in out
+    assert "connection llm->codec\n" in out
+    assert re.search(r"^  token_count\s+3$", out, re.MULTILINE)
+
+
+def test_show_json_parses_back_to_the_stored_state(run: Run, store: RequestStore) -> None:
+    seed_request(store, "r-1")
+
+    result = run("show", "r-1", "--json")
+
+    assert result.code == 0
+    data = json.loads(result.out)
+    held = store.load_request("r-1")
+    llm = data["partitions"]["llm"]
+    assert data["record"]["request_id"] == "r-1"
+    assert data["record"]["max_output_tokens"] == held.record.max_output_tokens == 13
+    assert data["record"]["resource_configs"]["sampler"] == {
+        "kind": "sampling",
+        "value": {
+            "temperature": 0.6, "top_k": 5, "top_p": 1.0, "ignore_eos": False,
+            "repetition_penalty": 1.0, "seed": 7,
+        },
+    }  # fmt: skip
+    assert data["record"]["partition_definitions"]["llm"]["graph_walks"] == ["decode", "prefill"]
+    assert data["record"]["final_outputs"] == {"text": "hello"}
+    assert llm["num_output_tokens"] == held.partitions["llm"].num_output_tokens == 3
+    assert llm["current_worker_graph_ids"] == ["wg"]
+    assert llm["resource_publish_info"]["kv"]["kind"] == "kv"
+    assert llm["resource_publish_info"]["kv"]["value"]["info"]["1"]["main"]["page_indices"] == [
+        10,
+        11,
+    ]
+    assert llm["resource_publish_info"]["position"]["value"] == {"counters": {"main": 20}}
+    assert data["connections"]["llm->codec"]["token_count"] == 3
+
+
+def test_show_of_a_missing_request_is_an_error(run: Run) -> None:
+    result = run("show", "nope")
+
+    assert result.code == 1
+    assert result.out == ""
+    assert result.err == "error: no such request (request 'nope')\n"
+
+
+# -- errors and options ----------------------------------------------------------------------
+
+
+@pytest.mark.fake
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["ls", "--namespace", "bad ns"], "error: namespace 'bad ns' may hold only"),
+        (["show", "bad id"], "error: request id may hold only printable ASCII"),
+        (["ls", "--redis-url", "http://x"], "error: 'http://x': unsupported scheme 'http'"),
+        (["ls", "--redis-url", "redis://x:port"], "error: bad Redis URL 'redis://x:port'"),
+        (["ls", "--redis-url", "redis://127.0.0.1:1/0"], "error: Redis unreachable"),
+    ],
+)
+def test_store_errors_exit_1_with_a_one_line_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 1
+
+    out, err = capsys.readouterr()
+    assert err.startswith(message)
+    assert err.count("\n") == 1  # one line, no traceback
+    assert out == ""
+
+
+@pytest.mark.fake
+def test_a_command_is_required() -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main([])
+    assert exc.value.code == 2
+
+
+@pytest.mark.fake
+def test_url_and_namespace_default_to_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    urls: list[str | None] = []
+
+    def make_client(args: object) -> fakeredis.FakeRedis:
+        urls.append(getattr(args, "redis_url", None))
+        return fakeredis.FakeRedis()
+
+    monkeypatch.setattr(cli, "make_client", make_client)
+    monkeypatch.setenv("MSTAR_REDIS_URL", "redis://example.invalid:6380/2")
+    monkeypatch.setenv("MSTAR_NAMESPACE", "from-env")
+
+    assert cli.main(["ls"]) == 0
+    assert cli.main(["ls", "--redis-url", "redis://flag:6379/0", "--namespace", "flag"]) == 0
+    assert cli.main(["demo", "--requests", "1"]) == 0  # throwaway data: not the live store
+
+    lines = capsys.readouterr().out.splitlines()
+    assert urls == ["redis://example.invalid:6380/2", "redis://flag:6379/0", None]
+    assert lines[0] == "no requests in namespace 'from-env'"
+    assert lines[1] == "no requests in namespace 'flag'"
+    assert "namespace 'mstar-demo'" in lines[2]
