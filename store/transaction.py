@@ -72,8 +72,10 @@ def _round_trip(conn: Any, commands: Sequence[Command]) -> list[Any]:
 def _raise_errors(replies: Sequence[Any], where: dict[str, str | None]) -> None:
     for reply in replies:
         if isinstance(reply, redis.ResponseError):
-            if str(reply).startswith(("MOVED", "ASK")):
-                raise _Moved(str(reply))
+            # redis-py parses MOVED / ASK into these classes and strips the word from the
+            # message, so match on the type (MovedError is an AskError).
+            if isinstance(reply, (redis.exceptions.AskError, redis.exceptions.TryAgainError)):
+                raise _Moved(f"{type(reply).__name__}: {reply}")
             raise StoreError(f"Redis refused a command: {reply}", **where) from reply
 
 
@@ -96,7 +98,14 @@ def optimistic(
     for attempt in range(1, policy.max_attempts + 1):
         if attempt > 1:
             time.sleep(policy.delay(attempt - 1))
-        pool, conn = _connection_for(client, watch[0])
+        try:  # redis-py connects on checkout, so an unreachable server fails here
+            pool, conn = _connection_for(client, watch[0])
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            last_error = e
+            failures += 1
+            if failures >= MAX_CONNECTION_FAILURES:
+                break
+            continue
         healthy = False
         try:
             replies = _round_trip(conn, [("WATCH", *watch), *reads])
