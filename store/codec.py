@@ -29,6 +29,7 @@ from store.kinds import POLYMORPHIC_BASES, KindRegistry, default_registry
 from store.schema import SCHEMA_VERSION
 
 DEFAULT_MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
+_NIL = msgspec.msgpack.encode(None)
 
 Where = dict[str, "str | None"]
 _Convert = Callable[[Any], Any]
@@ -70,9 +71,7 @@ class Codec:
         refused here: it would be written fine and then fail every read.
         """
         if type_ is not None and not _conforms(value, type_):
-            raise EncodeError(
-                f"expected {_type_name(type_)}, got {type(value).__name__}", **where
-            )
+            raise EncodeError(f"expected {_type_name(type_)}, got {type(value).__name__}", **where)
         plan = self._plan(type(value) if type_ is None else type_)
         try:
             data = self._encoder.encode(plan.to_wire(value) if plan.to_wire else value)
@@ -217,6 +216,13 @@ class Codec:
         inner = self._plan(rest[0])
         to_x, from_x = inner.to_wire, inner.from_wire
         assert to_x is not None and from_x is not None
+        if inner.wire_type is msgspec.Raw:
+            # msgspec decodes ``Raw | None`` as null only; a bare Raw takes nil as well.
+            return _Plan(
+                msgspec.Raw,
+                lambda v: None if v is None else to_x(v),
+                lambda v: None if bytes(v) == _NIL else from_x(v),
+            )
         return _Plan(
             inner.wire_type | None,
             lambda v: None if v is None else to_x(v),

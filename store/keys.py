@@ -102,7 +102,11 @@ class KeySpace:
     namespace: str = "mstar"
 
     def __post_init__(self) -> None:
-        if not _NAMESPACE.fullmatch(self.namespace) or len(self.namespace) > MAX_NAME_LENGTH:
+        if (
+            not isinstance(self.namespace, str)
+            or not _NAMESPACE.fullmatch(self.namespace)
+            or len(self.namespace) > MAX_NAME_LENGTH
+        ):
             raise ValidationError(
                 f"namespace {self.namespace!r} may hold only letters, digits, '_', '.', '-' "
                 f"and ':' (at most {MAX_NAME_LENGTH})"

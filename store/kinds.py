@@ -7,6 +7,7 @@ kinds with ``register_kind``; nothing in the store changes for them.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import TypeVar, overload
@@ -52,6 +53,10 @@ class KindRegistry:
                 f"kind name {name!r} is taken by {held.__module__}.{held.__qualname__}"
             )
         try:
+            # msgspec accepts any class here (as a custom type for a dec_hook), so a plain
+            # class would register and then fail on every write: require a shape it encodes.
+            if not (dataclasses.is_dataclass(cls) or issubclass(cls, msgspec.Struct)):
+                raise TypeError("it is neither a dataclass nor a msgspec Struct")
             msgspec.msgpack.Decoder(cls)
         except TypeError as e:
             raise ConfigurationError(
@@ -79,15 +84,15 @@ default_registry.register(SamplingReqConfig, "sampling")
 
 
 @overload
-def register_kind(cls: T, *, name: str | None = None, registry: KindRegistry | None = None) -> T:
-    ...
+def register_kind(
+    cls: T, *, name: str | None = None, registry: KindRegistry | None = None
+) -> T: ...
 
 
 @overload
 def register_kind(
     cls: None = None, *, name: str | None = None, registry: KindRegistry | None = None
-) -> Callable[[T], T]:
-    ...
+) -> Callable[[T], T]: ...
 
 
 def register_kind(

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from store.codec import Codec
-from store.errors import CorruptRecordError, ValidationError
+from store.errors import CorruptRecordError, StoreError, ValidationError
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
 
 R = TypeVar("R")
@@ -58,6 +58,8 @@ def _decode_bool(raw: bytes) -> bool:
 def _encode_int(value: Any) -> bytes:
     if type(value) is not int:
         raise TypeError(f"expected int, got {type(value).__name__}")
+    if not -(2**63) <= value < 2**63:  # what Redis counts with (HINCRBY) and decode accepts
+        raise ValueError(f"{value} is outside the 64-bit signed range")
     return str(value).encode()
 
 
@@ -140,9 +142,10 @@ class RecordLayout(Generic[R]):
             )
         try:
             return self._encode(spec, value)
+        except StoreError as e:  # the codec's own (an unregistered kind, a size limit): keep it
+            e.locate(**{**where, "field": name})
+            raise
         except (TypeError, ValueError, AttributeError) as e:
-            if isinstance(e, ValidationError):
-                raise
             raise ValidationError(
                 f"{self.cls.__name__}.{name}: {e}", **{**where, "field": name}
             ) from e
@@ -186,7 +189,8 @@ class RecordLayout(Generic[R]):
         for spec in self.fields.values():
             try:
                 present, value = self._decode(spec, plain, entries.get(spec.name, {}))
-            except CorruptRecordError:
+            except StoreError as e:  # the codec's own (corrupt, too large): keep it, say where
+                e.locate(**{**where, "field": spec.name})
                 raise
             except (ValueError, TypeError) as e:
                 raise CorruptRecordError(
@@ -216,7 +220,8 @@ class RecordLayout(Generic[R]):
         length = _decode_int(plain[spec.name]) if spec.name in plain else 0
         if sorted(entries) != sorted(str(i) for i in range(length)):
             raise ValueError(f"list holds entries {sorted(entries)[:10]} but length {length}")
-        return length > 0, [dec(entries[str(i)]) for i in range(length)]
+        # The length field is written even for an empty list, so its presence is what counts.
+        return spec.name in plain, [dec(entries[str(i)]) for i in range(length)]
 
 
 def _key(key: Any) -> str:
