@@ -1,12 +1,23 @@
-"""The version of the stored format.
+"""The version of the stored format, and its history.
 
-Every hash record holds its version in ``VERSION_FIELD`` and every encoded ``PublishedInfo`` or
-``ResourceReqConfig`` carries it in its envelope. Rules for evolving the types (see README):
-a new field needs a default; a rename or type change needs a migration step in
-``migrations/`` and a version bump here.
+Every hash record (meta, partition, connection) holds its version in ``VERSION_FIELD``.
+Envelopes ``[version, kind, payload]`` of a ``PublishedInfo`` or ``ResourceReqConfig`` carry
+a version too, and it follows the record's: an envelope holds the version of the record it
+belongs to (the codec stamps ``SCHEMA_VERSION``; a migration step re-stamps the top-level envelopes
+of the record it upgrades, without decoding their payloads). A reader accepts any envelope
+version up to its own, so an envelope nested inside another value may keep an older one.
+
+    v1  partition hash held ``per_label_seq_info`` (msgpack: resource label -> rank ->
+        sequence info); worker-graph ids were ints in msgpack-encoded whole fields
+    v2  published state in the publish-info hash, label -> envelope   (migrations/m0002_*)
+    v3  worker-graph ids are str, one hash field per id               (migrations/m0003_*)
+
+Rules for evolving the types (see README): a new field needs a default; a rename or type
+change needs a numbered step in ``migrations/``, a bump here, and frozen fixtures of the old
+version under ``tests/fixtures/``.
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 VERSION_FIELD = "_v"

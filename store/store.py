@@ -37,6 +37,7 @@ from typing import Any
 
 import redis
 
+from migrations import RecordKind
 from mstar.conductor.request_info import (
     CurrentForwardConductorMetadata,
     PartitionState,
@@ -52,10 +53,10 @@ from store.errors import (
     ConnectionNotFound,
     CorruptRecordError,
     FencedError,
+    NotFoundError,
     PartitionNotFound,
     RequestExistsError,
     RequestNotFound,
-    SchemaVersionError,
     StalePassError,
     StoreConnectionError,
     StoreError,
@@ -74,6 +75,7 @@ from store.layout import RecordLayout
 from store.records import Lease, ReportOutcome, RequestRecord, RequestState
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
 from store.transaction import Plan, optimistic
+from store.upgrade import RecordOutdated, parse_version, to_current, upgrade_stored
 
 _SCRIPTS = (
     "create_request",
@@ -360,11 +362,13 @@ class RequestStore:
         rid = validate_request_id(request_id)
         name = validate_name(partition_name, what="partition name", request_id=rid)
         key = self.keys.partition(rid, name)
-        for forbidden in ("partition_name", "resource_publish_info"):
-            if forbidden in attributes:
-                raise ValidationError(
-                    f"{forbidden} cannot be updated here", request_id=rid, key=key, field=forbidden
-                )
+        if "resource_publish_info" in attributes:
+            raise ValidationError(
+                "resource_publish_info is changed with merge_publish_info",
+                request_id=rid,
+                key=key,
+                field="resource_publish_info",
+            )
         self._update_fields(rid, key, self._partition, attributes, PartitionNotFound)
 
     def set_producer_done(self, request_id: str, connection: str) -> None:
@@ -670,9 +674,15 @@ class RequestStore:
             ]
             return Plan(writes, merged)
 
-        outcome = optimistic(
-            self.client, [pub, meta], reads, body, self.retry, request_id=rid, key=pub
-        )
+        try:
+            outcome = optimistic(
+                self.client, [pub, meta], reads, body, self.retry, request_id=rid, key=pub
+            )
+        except RecordOutdated:  # the body wrote nothing: upgrade the partition, merge again
+            upgrade_stored(self.client, self.keys, rid, [part], self.retry)
+            outcome = optimistic(
+                self.client, [pub, meta], reads, body, self.retry, request_id=rid, key=pub
+            )
         self.stats.transactions += 1
         self.stats.attempts += outcome.attempts
         assert outcome.result is not None
@@ -695,10 +705,17 @@ class RequestStore:
             raise ValidationError("claim_step needs a replica id", request_id=rid)
         now = time.time()
         keys = [self.keys.lease(rid), self.keys.partition(rid, name)]
-        reply = self._run(
-            rid, "claim_step", keys, [_VERSION, name, holder, now, self.lease_ttl],
-            PartitionNotFound,
-        )  # fmt: skip
+        try:
+            reply = self._run(
+                rid, "claim_step", keys, [_VERSION, name, holder, now, self.lease_ttl],
+                PartitionNotFound,
+            )  # fmt: skip
+        except NotFoundError:
+            # A recovery entry that outlived its request (scheduled by a replica racing
+            # the delete): drop it, or due_steps would return it forever.
+            with self._redis_errors(rid):
+                self.client.zrem(self.keys.deadlines, _deadline_member(rid, name))
+            raise
         if reply[0] != b"OK":
             return None
         lease = Lease(rid, name, holder, int(reply[1]), int(reply[2]), now + self.lease_ttl)
@@ -844,8 +861,14 @@ class RequestStore:
         args: list[Any],
         missing: type[StoreError],
         fence: Lease | None = None,
+        *,
+        upgraded: bool = False,
     ) -> list[Any]:
-        """Run a script; turn its NOKEY, SCHEMA and FENCED statuses into typed errors."""
+        """Run a script; turn its NOKEY, SCHEMA and FENCED statuses into typed errors.
+
+        A record older than the code (SCHEMA) is upgraded in Redis with the other records
+        among ``keys``, and the script runs once more.
+        """
         with self._redis_errors(rid, keys[0]):
             reply = self._scripts[script](keys=keys, args=args)
         status = reply[0]
@@ -857,7 +880,17 @@ class RequestStore:
             token = fence.token if fence else 0
             raise FencedError(token, int(reply[1]), request_id=rid, key=self.keys.lease(rid))
         if status == b"SCHEMA":
-            self._check_version(rid, reply[1].decode(), reply[2])
+            try:
+                self._check_version(rid, reply[1].decode(), reply[2])
+            except RecordOutdated:
+                if upgraded:  # old again right after its upgrade: a writer of older code
+                    raise
+                # The script stopped before its first write, so running it again is safe.
+                upgrade_stored(self.client, self.keys, rid, keys, self.retry)
+                return self._run(rid, script, keys, args, missing, fence, upgraded=True)
+            raise CorruptRecordError(  # a current version reported as outdated
+                f"script {script!r} refused schema version {reply[2]!r}", request_id=rid
+            )
         return list(reply)
 
     def _raise_not_found(
@@ -868,22 +901,12 @@ class RequestStore:
         raise kind(message, request_id=rid, key=key)
 
     def _check_version(self, rid: str, key: str, raw: bytes | None) -> None:
+        """Pass a current record; raise ``RecordOutdated`` for an older one (the caller
+        upgrades it in Redis), ``SchemaVersionError`` for a newer one, corrupt otherwise."""
         if raw == _VERSION:
             return
-        try:
-            found = int(raw or b"")
-        except ValueError:
-            raise CorruptRecordError(
-                f"schema version {raw!r} is not a number", request_id=rid, key=key,
-                field=VERSION_FIELD,
-            ) from None
-        if found > SCHEMA_VERSION:
-            raise SchemaVersionError(found, SCHEMA_VERSION, request_id=rid, key=key)
-        raise CorruptRecordError(
-            f"record has schema version {found}; run `mstar-store migrate`",
-            request_id=rid,
-            key=key,
-        )
+        found = parse_version(raw, request_id=rid, key=key)
+        raise RecordOutdated(found, request_id=rid, key=key)
 
     def _load_hashes(self, rid: str, keys: list[str]) -> list[dict[bytes, bytes]]:
         with self._redis_errors(rid, keys[0]):
@@ -892,7 +915,7 @@ class RequestStore:
 
     def _decode_record(self, rid: str, raw: dict[bytes, bytes]) -> RequestRecord:
         key = self.keys.meta(rid)
-        self._check_version(rid, key, raw.get(VERSION_FIELD.encode()))
+        raw, _ = to_current(RecordKind.META, raw, request_id=rid, key=key)
         record = self._record.decode(raw, request_id=rid, key=key)
         self._remember(rid, _Topology(tuple(record.partitions), tuple(record.connections)))
         return record
@@ -903,7 +926,7 @@ class RequestStore:
         key = self.keys.partition(rid, name)
         if not part:
             raise PartitionNotFound(f"no partition {name!r}", request_id=rid, key=key)
-        self._check_version(rid, key, part.get(VERSION_FIELD.encode()))
+        part, pub = to_current(RecordKind.PARTITION, part, pub, request_id=rid, key=key)
         pub_key = self.keys.publish_info(rid, name)
         infos = {}
         for label, raw in pub.items():
@@ -929,7 +952,7 @@ class RequestStore:
         key = self.keys.connection(rid, name)
         if not raw:
             raise ConnectionNotFound(f"no connection {name!r}", request_id=rid, key=key)
-        self._check_version(rid, key, raw.get(VERSION_FIELD.encode()))
+        raw, _ = to_current(RecordKind.CONNECTION, raw, request_id=rid, key=key)
         return self._connection.decode(raw, request_id=rid, key=key)
 
     def _encode_infos(

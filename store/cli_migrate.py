@@ -1,0 +1,102 @@
+"""``migrate``: upgrade every record of a namespace to the current schema version.
+
+Safe to run while conductors write, idempotent and resumable (see ``store.migrate``). Exits 1
+if any record could not be upgraded, after going through all the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, TextIO
+
+from store import cli
+from store.migrate import MigrationReport, migrate_namespace
+from store.schema import SCHEMA_VERSION
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "migrate", help=f"upgrade every record of a namespace to schema version {SCHEMA_VERSION}"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="change nothing; report what would change"
+    )
+    parser.add_argument(
+        "--batch", type=_positive, default=500, metavar="N", help="requests per batch (500)"
+    )
+    cli.add_common_options(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    client = cli.make_client(args)
+    bar = ProgressBar(sys.stderr)
+    try:
+        report = migrate_namespace(
+            client, args.namespace, batch=args.batch, dry_run=args.dry_run, progress=bar.update
+        )
+    except KeyboardInterrupt:
+        bar.finish()
+        print("interrupted: records upgraded so far stay upgraded; run again to resume")
+        return 130
+    finally:
+        client.close()
+    bar.finish()
+    print("\n".join(summary(report, args.namespace)))
+    return 1 if report.failed else 0
+
+
+def summary(report: MigrationReport, namespace: str) -> list[str]:
+    """The final counts, then one line per record that failed."""
+    upgraded = "would upgrade" if report.dry_run else "upgraded"
+    lines = [
+        f"{'dry run: ' if report.dry_run else ''}namespace {namespace!r}, "
+        f"schema version {SCHEMA_VERSION}: {report.requests} requests, "
+        f"{report.seen} records seen, {report.upgraded} {upgraded}, "
+        f"{report.current} already current, {len(report.failed)} failed"
+    ]
+    if report.unindexed:
+        shown = ", ".join(report.unindexed[:10])
+        more = f" and {len(report.unindexed) - 10} more" if len(report.unindexed) > 10 else ""
+        lines.append(
+            f"{len(report.unindexed)} requests are missing from the index (found by SCAN): "
+            f"{shown}{more}"
+        )
+    lines += [f"failed: {key}: {why}" for key, why in report.failed]
+    return lines
+
+
+class ProgressBar:
+    """One line on a stream, redrawn in place: ``[#####.....] 510/1000 requests ...``."""
+
+    def __init__(self, stream: TextIO, width: int = 30) -> None:
+        self.stream = stream
+        self.width = width
+        self.drawn = False
+
+    def update(self, done: int, total: int, report: MigrationReport) -> None:
+        filled = self.width * done // total if total else self.width
+        bar = "#" * filled + "." * (self.width - filled)
+        self.stream.write(
+            f"\r[{bar}] {done}/{total} requests  {report.upgraded} upgraded  "
+            f"{report.current} current  {len(report.failed)} failed"
+        )
+        self.stream.flush()
+        self.drawn = True
+
+    def finish(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn = False
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
