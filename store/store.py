@@ -376,9 +376,7 @@ class RequestStore:
         rid = validate_request_id(request_id)
         split_connection_name(connection, request_id=rid)
         key = self.keys.connection(rid, connection)
-        self._update_fields(
-            rid, key, self._connection, {"producer_done": True}, ConnectionNotFound
-        )
+        self._update_fields(rid, key, self._connection, {"producer_done": True}, ConnectionNotFound)
 
     def set_final_output(
         self, request_id: str, name: str, value: Any, *, fence: Lease | None = None

@@ -21,7 +21,7 @@ from mstar.engine.resources import PublishedKVInfo, PublishedPositionInfo
 from store.cli import add_common_options, open_store
 from store.errors import CorruptRecordError, RequestNotFound
 from store.kinds import POLYMORPHIC_BASES, KindRegistry
-from store.records import RequestState
+from store.records import Lease, RequestState
 
 # Shown in the request's header or as sections of their own, not as record fields.
 _RECORD_HEADER_FIELDS = ("request_id", "partitions", "connections", "created_at")
@@ -50,6 +50,7 @@ def run_ls(args: argparse.Namespace) -> int:
         for rid in ids:
             try:
                 line = summary_line(store.load_request(rid), now)
+                line += driver_summary(store.leases(rid), now)
             except RequestNotFound:
                 line = "not held: its create or delete was interrupted (stale index entry)"
             except CorruptRecordError as e:  # one bad record must not hide the others
@@ -103,6 +104,19 @@ def summary_line(state: RequestState, now: float) -> str:
     parts += [partition_progress(n, p) for n, p in state.partitions.items()]
     parts += [connection_progress(n, c) for n, c in state.connections.items()]
     return "  ".join(parts)
+
+
+def driver_summary(leases: Mapping[str, Lease], now: float) -> str:
+    """``  driver llm: replica-2 (lease 4s left)`` per leased partition; "" when none is.
+
+    A lease records its expiry, not its grant, so its age shows as time left or lapsed.
+    """
+    parts = []
+    for name, lease in sorted(leases.items()):
+        left = lease.expires_at - now
+        when = f"{age(left)} left" if left >= 0 else f"lapsed {age(-left)} ago"
+        parts.append(f"  driver {name}: {lease.holder} (lease {when})")
+    return "".join(parts)
 
 
 def kind_name(value: Any, registry: KindRegistry) -> str:

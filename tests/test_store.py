@@ -433,7 +433,9 @@ def test_update_partition_refuses_publish_info(store: RequestStore) -> None:
     # Published info only changes by merging (``partition_name`` cannot even be passed: it
     # is the method's own parameter).
     create_two_partitions(store)
-    with pytest.raises(ValidationError, match="resource_publish_info cannot be updated") as info:
+    with pytest.raises(
+        ValidationError, match="resource_publish_info is changed with merge_publish_info"
+    ) as info:
         store.update_partition("r1", "llm", resource_publish_info={})
     assert (info.value.request_id, info.value.field) == ("r1", "resource_publish_info")
 

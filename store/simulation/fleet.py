@@ -1,0 +1,320 @@
+"""The replica processes, the simulated workers and the unreliable delivery between them.
+
+The fleet plays everything outside the conductor replicas: it takes each pass a replica
+sends (the dispatch list), has the model's workers produce that pass's reports and pushes
+each onto a random live replica's inbox after a random delay, some of them twice (the
+workers' at-least-once delivery, reordered). It kills replicas with SIGKILL, hands a dead
+replica's inbox to the living, and notices when a replica finishes a request.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import msgspec
+
+import store as store_package
+from store.errors import NotFoundError
+from store.replicas import ReplicaRegistry
+from store.simulation import model
+from store.simulation.reference import SimulationError, canonical
+from store.simulation.replica import (
+    ReplicaConfig,
+    ReplicaStats,
+    SimKeys,
+    Timing,
+    decode_dispatch,
+    encode_report,
+    ingest,
+)
+from store.store import RequestStore
+
+REPLICA_MODULE = "store.simulation.replica"
+STOP_GRACE = 5.0  # seconds a replica gets to flush its stats after SIGTERM
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How unreliable the workers' delivery is."""
+
+    duplicate_rate: float = 0.2  # share of reports delivered a second time
+    reorder_window: float = 0.03  # each copy waits up to this long (seconds), so order varies
+    late_window: float = 0.3  # a duplicate waits up to this long: it may arrive stale
+
+
+@dataclass
+class ReplicaProcess:
+    replica_id: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    state: str = "running"  # running, paused, killed, stopped, failed
+
+
+@dataclass
+class FleetCounters:
+    dispatches: int = 0
+    deliveries: int = 0
+    duplicates_sent: int = 0
+    rerouted: int = 0
+    kills: int = 0
+    started: int = 0
+
+
+@dataclass(order=True)
+class _Pending:
+    due: float
+    seq: int
+    target: str | None = field(compare=False)  # None: any live replica
+    payload: bytes = field(compare=False)
+
+
+class Fleet:
+    """Replica processes over one Redis namespace, and the workers that feed them."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        redis_url: str,
+        namespace: str,
+        seed: int,
+        timing: Timing,
+        delivery: Delivery,
+        log_dir: Path,
+        max_lifetime: float,
+        delete_finished: bool = True,
+    ) -> None:
+        self.client = client
+        self.redis_url = redis_url
+        self.namespace = namespace
+        self.seed = seed
+        self.timing = timing
+        self.delivery = delivery
+        self.log_dir = log_dir
+        self.max_lifetime = max_lifetime
+        self.delete_finished = delete_finished
+        self.store = RequestStore(client, namespace=namespace, lease_ttl=timing.lease_ttl)
+        self.keys = SimKeys(namespace)
+        self.registry = ReplicaRegistry(client, namespace=namespace)
+        self.rng = random.Random(seed)
+        self.replicas: dict[str, ReplicaProcess] = {}
+        self.counters = FleetCounters()
+        self.stats = ReplicaStats()
+        self.failures: list[str] = []
+        self.requests: list[str] = []
+        self.finished: dict[str, Any] = {}  # request id -> canonical final state
+        self._queue: list[_Pending] = []
+        self._seq = 0
+        self._next_poll = 0.0
+
+    # -- replicas -----------------------------------------------------------------------
+
+    def spawn(self, command: Sequence[str] | None = None) -> str:
+        """Start a replica process under a new id; ``command`` replaces the module entry."""
+        self.counters.started += 1
+        replica_id = f"replica-{self.counters.started}"
+        config = ReplicaConfig(
+            redis_url=self.redis_url,
+            namespace=self.namespace,
+            replica_id=replica_id,
+            seed=self.seed,
+            timing=asdict(self.timing),
+            parent_pid=os.getpid(),
+            max_lifetime=self.max_lifetime,
+        )
+        argv = list(command or [sys.executable, "-m", REPLICA_MODULE])
+        log_path = self.log_dir / f"{replica_id}.log"
+        env = dict(os.environ)
+        root = str(Path(store_package.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [*argv, config.to_json()], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=log, env=env,
+            )  # fmt: skip
+        self.replicas[replica_id] = ReplicaProcess(replica_id, process, log_path)
+        return replica_id
+
+    def live(self) -> list[str]:
+        return [r.replica_id for r in self.replicas.values() if r.state == "running"]
+
+    def wait_until_up(self, replica_ids: Iterable[str], timeout: float) -> None:
+        """Wait for each replica's first heartbeat (a process takes a moment to import)."""
+        wanted = set(replica_ids)
+        deadline = time.monotonic() + timeout
+        while not wanted <= set(self.registry.last_beats()):
+            self._check_exits()
+            if time.monotonic() > deadline:
+                missing = ", ".join(sorted(wanted - set(self.registry.last_beats())))
+                raise SimulationError(f"replicas did not start within {timeout:.0f} s: {missing}")
+            time.sleep(0.02)
+
+    def kill(self, replica_id: str) -> None:
+        """SIGKILL the replica; what waited in its inbox goes to the others."""
+        replica = self.replicas[replica_id]
+        replica.process.send_signal(signal.SIGKILL)
+        replica.process.wait()
+        replica.state = "killed"
+        self.counters.kills += 1
+        self._reroute(replica_id)
+
+    def pause(self, replica_id: str) -> None:
+        """SIGSTOP the replica (a long GC pause, a partition); its inbox goes to the others."""
+        self.replicas[replica_id].process.send_signal(signal.SIGSTOP)
+        self.replicas[replica_id].state = "paused"
+        self._reroute(replica_id)
+
+    def resume(self, replica_id: str) -> None:
+        self.replicas[replica_id].process.send_signal(signal.SIGCONT)
+        self.replicas[replica_id].state = "running"
+
+    def stop(self) -> None:
+        """Stop every replica (SIGTERM, then SIGKILL after a grace) and collect their stats."""
+        for replica in self.replicas.values():
+            if replica.state == "paused":
+                replica.process.send_signal(signal.SIGCONT)
+            if replica.process.poll() is None:
+                replica.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        for replica in self.replicas.values():
+            try:
+                replica.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                replica.process.kill()
+                replica.process.wait()
+            if replica.state in ("running", "paused"):
+                replica.state = "stopped"
+        self._collect_stats()
+
+    def _reroute(self, replica_id: str) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.lrange(self.keys.inbox(replica_id), 0, -1)
+        pipe.delete(self.keys.inbox(replica_id))
+        waiting, _ = pipe.execute()
+        for payload in waiting:
+            self._push(time.monotonic(), None, payload)
+        self.counters.rerouted += len(waiting)
+
+    def _check_exits(self) -> None:
+        """A replica that exits on its own has hit a bug: record it, start another."""
+        for replica in list(self.replicas.values()):
+            if replica.state == "running" and replica.process.poll() is not None:
+                replica.state = "failed"
+                tail = replica.log_path.read_text(errors="replace").strip().splitlines()[-15:]
+                self.failures.append(
+                    f"{replica.replica_id} exited with code {replica.process.returncode}:\n    "
+                    + "\n    ".join(tail)
+                )
+                self._reroute(replica.replica_id)
+                self.spawn()
+
+    # -- requests and workers ---------------------------------------------------------------
+
+    def create(self, request_ids: Iterable[str]) -> None:
+        for rid in request_ids:
+            ingest(self.store, self.keys, model.spec(self.seed, rid), self.timing.pass_deadline)
+            self.requests.append(rid)
+
+    def pending(self) -> list[str]:
+        return [rid for rid in self.requests if rid not in self.finished]
+
+    def step(self) -> bool:
+        """One round: workers run the passes sent, due reports are delivered. True if busy."""
+        now = time.monotonic()
+        busy = False
+        dispatched = self.client.lpop(self.keys.dispatch, 256) or []
+        for raw in dispatched:
+            busy = True
+            self.counters.dispatches += 1
+            rid, partition, fwd_pass = decode_dispatch(raw)
+            for report in model.reports(model.spec(self.seed, rid), partition, fwd_pass):
+                payload = encode_report(report)
+                self._push(now + self.rng.uniform(0, self.delivery.reorder_window), None, payload)
+                if self.rng.random() < self.delivery.duplicate_rate:
+                    self.counters.duplicates_sent += 1
+                    late = self.rng.uniform(0, self.delivery.late_window)
+                    self._push(now + late, None, payload)
+        busy |= self._deliver(now)
+        self._check_exits()
+        self._collect_finished(now)
+        self._collect_stats()
+        return busy
+
+    def _push(self, due: float, target: str | None, payload: bytes) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, _Pending(due, self._seq, target, payload))
+
+    def _deliver(self, now: float) -> bool:
+        live = self.live()
+        if not live:
+            return False
+        pipe = self.client.pipeline(transaction=False)
+        delivered = 0
+        while self._queue and self._queue[0].due <= now:
+            item = heapq.heappop(self._queue)
+            target = item.target if item.target in live else self.rng.choice(live)
+            pipe.rpush(self.keys.inbox(target), item.payload)
+            delivered += 1
+        if delivered:
+            pipe.execute()
+            self.counters.deliveries += delivered
+        return bool(delivered)
+
+    def _collect_finished(self, now: float) -> None:
+        done = [raw.decode() for raw in self.client.lpop(self.keys.finished, 256) or []]
+        if now >= self._next_poll:  # a replica may die between finishing and telling
+            done += self.pending()
+            self._next_poll = now + 1.0
+        for rid in done:
+            if rid in self.finished:
+                continue
+            try:
+                state = self.store.load_request(rid)
+            except NotFoundError:
+                continue
+            if not state.record.finished_at:
+                continue
+            self.finished[rid] = canonical(state)
+            if self.delete_finished:
+                self.store.delete_request(rid)
+
+    def _collect_stats(self) -> None:
+        for raw in self.client.lpop(self.keys.stats, 256) or []:
+            self.stats.merge(msgspec.json.decode(raw))
+
+    def describe_unfinished(self) -> dict[str, str]:
+        """Where each unfinished request stands, read from the store."""
+        out = {}
+        for rid in self.pending():
+            try:
+                state = self.store.load_request(rid)
+            except NotFoundError:
+                out[rid] = "not held (deleted before it finished?)"
+                continue
+            parts = [
+                f"{name} pass {p.fwd_pass_number}{' done' if p.is_done else ''} "
+                f"completed {sorted(p.completed_worker_graph_ids)}"
+                for name, p in state.partitions.items()
+            ]
+            parts += [
+                f"{name} {c.token_count}/{c.consumed_count}{' done' if c.producer_done else ''}"
+                for name, c in state.connections.items()
+            ]
+            leases = self.store.leases(rid)
+            parts += [f"lease {p}: {lease.holder}" for p, lease in leases.items()]
+            out[rid] = "; ".join(parts)
+        return out
+
+    def print_failures(self, out: TextIO) -> None:
+        for failure in self.failures:
+            print(f"  replica failure: {failure}", file=out)

@@ -1,0 +1,281 @@
+"""One whole simulation: reference run, replica fleet with kills, comparison and summary."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import redis
+
+from store.connect import client_from_url
+from store.errors import ConfigurationError, StoreConnectionError
+from store.keys import KeySpace
+from store.replicas import ReplicaRegistry
+from store.simulation import model
+from store.simulation.fleet import Delivery, Fleet, FleetCounters
+from store.simulation.progress import Progress
+from store.simulation.reference import differences, fakeredis_with_lua, reference_run
+from store.simulation.replica import TIMED_OPERATIONS, ReplicaStats, Timing
+from store.store import RequestStore
+
+CONNECT_TIMEOUT = 5.0
+
+
+def default_namespace() -> str:
+    return f"sim-{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    replicas: int = 3
+    requests: int = 6
+    kills: int = 1
+    seed: int = 0
+    redis_url: str | None = None  # None: an embedded fakeredis TCP server in this process
+    namespace: str = field(default_factory=default_namespace)
+    timeout: float = 120.0  # the whole run, reference included
+    timing: Timing = field(default_factory=Timing)
+    delivery: Delivery = field(default_factory=Delivery)
+
+
+@dataclass
+class SimulationResult:
+    config: SimulationConfig
+    server: str = ""
+    reference_seconds: float = 0.0
+    elapsed: float = 0.0
+    expected: dict[str, Any] = field(default_factory=dict)
+    finished: dict[str, Any] = field(default_factory=dict)
+    mismatches: dict[str, list[str]] = field(default_factory=dict)
+    unfinished: dict[str, str] = field(default_factory=dict)
+    stats: ReplicaStats = field(default_factory=ReplicaStats)
+    counters: FleetCounters = field(default_factory=FleetCounters)
+    failures: list[str] = field(default_factory=list)
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not (self.mismatches or self.unfinished or self.failures or self.timed_out)
+
+
+def simulate(config: SimulationConfig, *, out: TextIO, err: TextIO) -> SimulationResult:
+    """Run the simulation described by ``config``; the result says whether it held up."""
+    deadline = time.monotonic() + config.timeout
+    result = SimulationResult(config)
+    ids = model.request_ids(config.requests)
+    started = time.perf_counter()
+    result.expected = reference_run(config.seed, ids, config.timing)
+    result.reference_seconds = time.perf_counter() - started
+    passes = sum(model.spec(config.seed, rid).passes for rid in ids)
+    print(
+        f"reference run (in-process fakeredis, 1 replica, no kills, no duplicates): "
+        f"{len(ids)} requests, {passes} forward passes in {result.reference_seconds:.1f} s",
+        file=out,
+    )
+    with _redis(config.redis_url, out) as (url, client), tempfile.TemporaryDirectory() as logs:
+        result.server = redacted(url)
+        _check_namespace_unused(client, config.namespace)
+        fleet = Fleet(
+            client,
+            redis_url=url,
+            namespace=config.namespace,
+            seed=config.seed,
+            timing=config.timing,
+            delivery=config.delivery,
+            log_dir=Path(logs),
+            max_lifetime=config.timeout + 30,
+        )
+        try:
+            _run_fleet(fleet, config, ids, passes, deadline, result, err)
+        finally:
+            fleet.stop()
+            _delete_namespace(client, config.namespace)
+        result.stats, result.counters, result.failures = fleet.stats, fleet.counters, fleet.failures
+        result.finished = fleet.finished
+    for rid in ids:
+        if rid in result.finished:
+            diff = differences(result.expected[rid], result.finished[rid])
+            if diff:
+                result.mismatches[rid] = diff
+    return result
+
+
+def _run_fleet(
+    fleet: Fleet,
+    config: SimulationConfig,
+    ids: list[str],
+    passes: int,
+    deadline: float,
+    result: SimulationResult,
+    err: TextIO,
+) -> None:
+    first = [fleet.spawn() for _ in range(config.replicas)]
+    fleet.wait_until_up(first, timeout=max(1.0, min(60.0, deadline - time.monotonic())))
+    # Kill at random points of the run, measured in passes sent, so every kill lands while
+    # requests are in flight whatever the machine's speed.
+    rng = random.Random(f"kills:{config.seed}")
+    kill_at = sorted(
+        rng.randint(passes * 15 // 100, passes * 75 // 100) for _ in range(config.kills)
+    )
+    started = time.monotonic()
+    fleet.create(ids)
+    progress = Progress(err, len(ids))
+    try:
+        while fleet.pending():
+            if time.monotonic() > deadline:
+                result.timed_out = True
+                break
+            if kill_at and fleet.counters.dispatches >= kill_at[0] and fleet.live():
+                kill_at.pop(0)
+                fleet.kill(rng.choice(fleet.live()))
+                fleet.spawn()
+            busy = fleet.step()
+            detail = f"kills {fleet.counters.kills}/{config.kills}"
+            progress.update(len(fleet.finished), detail, time.monotonic() - started)
+            if not busy:
+                time.sleep(0.002)
+        detail = f"kills {fleet.counters.kills}/{config.kills}"
+        progress.update(len(fleet.finished), detail, time.monotonic() - started, force=True)
+    finally:
+        progress.close()
+    result.elapsed = time.monotonic() - started
+    result.unfinished = fleet.describe_unfinished()
+
+
+# -- the summary -------------------------------------------------------------------------
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile (0 for no samples)."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def summary_lines(result: SimulationResult) -> list[str]:
+    config, counters, stats = result.config, result.counters, result.stats
+    c = stats.counters
+    total = len(result.expected)
+    matched = sum(1 for rid in result.finished if rid not in result.mismatches)
+    operations = sum(len(v) for v in stats.latencies.values())
+    rate = operations / result.elapsed if result.elapsed else 0.0
+    absorbed = c.get("duplicates", 0) + c.get("stale", 0)
+    rows = [
+        ("requests finished", f"{len(result.finished)}/{total}"),
+        ("final states", f"{matched}/{total} equal to the crash-free reference"),
+        ("replica processes", f"{counters.started} started, {counters.kills} SIGKILLed and "
+                              f"restarted under new ids"),
+        ("reports delivered", f"{counters.deliveries} ({counters.duplicates_sent} duplicate "
+                              f"copies, {counters.rerouted} rerouted from dead replicas)"),
+        ("duplicates absorbed", f"{absorbed} ({c.get('duplicates', 0)} repeated reports, "
+                                f"{c.get('stale', 0)} stale after their pass moved on)"),
+        ("takeovers (claims)", f"{c.get('claims', 0)}"),
+        ("fenced writes", f"{c.get('fenced', 0)} rejected"),
+        ("transaction retries", f"{c.get('retries', 0)} ({c.get('conflicts', 0)} gave up)"),
+        ("passes sent", f"{counters.dispatches} ({c.get('advances', 0)} advances)"),
+        ("operations", f"{operations} in {result.elapsed:.1f} s = {rate:.0f} ops/s"),
+    ]  # fmt: skip
+    lines = ["summary"]
+    lines += [f"  {label:<22}{value}" for label, value in rows]
+    lines.append(f"  {'latency':<22}{'count':>7}{'p50 ms':>9}{'p99 ms':>9}")
+    for op in TIMED_OPERATIONS:
+        samples = stats.latencies.get(op, [])
+        lines.append(
+            f"    {op:<20}{len(samples):>7}{percentile(samples, 0.5) * 1e3:>9.2f}"
+            f"{percentile(samples, 0.99) * 1e3:>9.2f}"
+        )
+    for failure in result.failures:
+        lines.append(f"  replica failure: {failure}")
+    if result.timed_out:
+        lines.append(f"TIMEOUT: the run did not finish within {config.timeout:.0f} s")
+    for rid, where in sorted(result.unfinished.items()):
+        lines.append(f"  unfinished {rid}: {where}")
+    for rid, diff in sorted(result.mismatches.items()):
+        lines.append(f"  mismatch {rid}: {len(diff)} difference(s) from the reference")
+        lines += [f"    {line}" for line in diff[:10]]
+    if result.ok:
+        lines.append("result: OK, every request finished with the reference's final state")
+    else:
+        problems = []
+        if result.unfinished:
+            problems.append(f"{len(result.unfinished)} unfinished")
+        if result.mismatches:
+            problems.append(f"{len(result.mismatches)} differ from the reference")
+        if result.failures:
+            problems.append(f"{len(result.failures)} replica failures")
+        if result.timed_out:
+            problems.append("timed out")
+        lines.append(f"result: FAILED ({', '.join(problems)})")
+    return lines
+
+
+# -- Redis -------------------------------------------------------------------------------
+
+
+@contextmanager
+def _redis(url: str | None, out: TextIO) -> Iterator[tuple[str, Any]]:
+    """The Redis the replicas share: ``url``, or an embedded fakeredis TCP server."""
+    if url is not None:
+        client = client_from_url(url, socket_connect_timeout=CONNECT_TIMEOUT)
+        try:
+            client.ping()
+        except redis.RedisError as e:
+            raise StoreConnectionError(f"Redis unreachable at {redacted(url)}: {e}") from e
+        try:
+            yield url, client
+        finally:
+            client.close()
+        return
+    fakeredis = fakeredis_with_lua()
+    server = fakeredis.TcpFakeServer(("127.0.0.1", 0))
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
+    thread.start()
+    url = f"redis://127.0.0.1:{server.server_address[1]}/0"
+    print(
+        f"embedded Redis: fakeredis TcpFakeServer on {url}, in this process (no server "
+        "needed; slower than a real Redis)",
+        file=out,
+    )
+    client = client_from_url(url)
+    try:
+        yield url, client
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def _check_namespace_unused(client: Any, namespace: str) -> None:
+    store = RequestStore(client, namespace=namespace)
+    if store.list_requests() or ReplicaRegistry(client, namespace=namespace).last_beats():
+        raise ConfigurationError(
+            f"namespace {namespace!r} holds requests or replicas already; the simulation "
+            "deletes its namespace when done, so give it one of its own (--namespace)"
+        )
+
+
+def _delete_namespace(client: Any, namespace: str) -> None:
+    """Remove every key of the run (its requests are gone already; lists, index, heartbeats)."""
+    KeySpace(namespace)  # validated: no glob characters can reach the pattern
+    batch = list(client.scan_iter(match=f"{namespace}:*", count=500))
+    for i in range(0, len(batch), 500):
+        client.unlink(*batch[i : i + 500])
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, which must not end up in logs."""
+    return re.sub(r"//[^/@]*@", "//***@", url)

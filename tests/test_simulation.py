@@ -1,0 +1,200 @@
+"""``mstar-store simulate``: replica processes, SIGKILLs and duplicates, checked end to end.
+
+The command is driven in-process through ``store.cli.main``; its replicas are real
+processes, on the real Redis or on the embedded fakeredis TCP server.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+
+from store import cli
+from store.replicas import ReplicaRegistry
+from store.simulation import model, reference
+from store.simulation.replica import SimKeys, Timing, ingest
+from store.store import RequestStore
+from tests.conftest import redis_url_for_tests
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def simulate(capsys: pytest.CaptureFixture[str], *argv: str) -> Result:
+    code = cli.main(["simulate", *argv])
+    captured = capsys.readouterr()
+    return Result(code, captured.out, captured.err)
+
+
+def summary_value(out: str, label: str) -> str:
+    match = re.search(rf"^  {re.escape(label)}\s+(.*)$", out, re.MULTILINE)
+    assert match, f"no {label!r} row in:\n{out}"
+    return match.group(1)
+
+
+def assert_all_finished_and_matched(result: Result, requests: int, kills: int) -> None:
+    assert result.code == 0, result.out + result.err
+    assert summary_value(result.out, "requests finished") == f"{requests}/{requests}"
+    assert summary_value(result.out, "final states").startswith(f"{requests}/{requests} equal")
+    assert f"{kills} SIGKILLed" in summary_value(result.out, "replica processes")
+    assert "result: OK" in result.out
+    assert f"] {requests}/{requests} finished" in result.err  # the progress bar's last state
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_simulate_with_a_kill_on_real_redis_matches_the_reference(
+    real_client: redis.Redis, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = simulate(
+        capsys, "--replicas", "3", "--requests", "6", "--kill", "1", "--seed", "3",
+        "--redis-url", redis_url_for_tests(), "--namespace", namespace, "--timeout", "120",
+    )  # fmt: skip
+    assert_all_finished_and_matched(result, requests=6, kills=1)
+    # Whether the kill cost a takeover depends on what the victim held at that instant;
+    # tests/test_crash_recovery.py kills at chosen instants.
+    assert int(summary_value(result.out, "takeovers (claims)")) >= 0
+    assert not list(real_client.scan_iter(match=f"{namespace}:*")), "the run left keys behind"
+
+
+@pytest.mark.slow
+def test_simulate_on_the_embedded_server_matches_the_reference(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    result = simulate(capsys, "--replicas", "3", "--requests", "6", "--kill", "1")
+    assert "embedded Redis: fakeredis TcpFakeServer" in result.out
+    assert_all_finished_and_matched(result, requests=6, kills=1)
+
+
+@pytest.mark.real
+def test_a_final_state_that_differs_from_the_reference_exits_1(
+    real_client: redis.Redis,
+    namespace: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The reference runs in this process, the replicas in theirs: only the reference's
+    # final outputs change, as if a run had lost a token.
+    honest = model.final_outputs
+
+    def off_by_one(spec: model.RequestSpec, state: Any) -> dict[str, Any]:
+        outputs = honest(spec, state)
+        outputs["text"] = {"tokens": outputs["text"]["tokens"] + 1}
+        return outputs
+
+    monkeypatch.setattr(model, "final_outputs", off_by_one)
+    result = simulate(
+        capsys, "--replicas", "1", "--requests", "2", "--kill", "0",
+        "--redis-url", redis_url_for_tests(), "--namespace", namespace, "--timeout", "60",
+    )  # fmt: skip
+    assert result.code == 1
+    assert summary_value(result.out, "requests finished") == "2/2"
+    assert summary_value(result.out, "final states").startswith("0/2 equal")
+    assert "mismatch req-0000" in result.out
+    assert "record.final_outputs.text.tokens: expected" in result.out
+    assert "result: FAILED (2 differ from the reference)" in result.out
+
+
+@pytest.mark.real
+def test_a_run_past_its_timeout_exits_1_and_says_so(
+    real_client: redis.Redis, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = simulate(
+        capsys, "--replicas", "1", "--requests", "12", "--kill", "0",
+        "--redis-url", redis_url_for_tests(), "--namespace", namespace, "--timeout", "0.5",
+    )  # fmt: skip
+    assert result.code == 1
+    said = result.out + result.err
+    assert "TIMEOUT: the run did not finish within" in said or "did not start within" in said
+    assert not list(real_client.scan_iter(match=f"{namespace}:*")), "the run left keys behind"
+
+
+@pytest.mark.real
+def test_simulate_refuses_a_namespace_that_holds_requests(
+    real_client: redis.Redis, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real_client.zadd(f"{namespace}:requests", {"someone-elses": 1.0})
+    result = simulate(
+        capsys, "--requests", "1", "--redis-url", redis_url_for_tests(), "--namespace", namespace
+    )
+    assert result.code == 1
+    assert "holds requests or replicas already" in result.err
+    assert real_client.zscore(f"{namespace}:requests", "someone-elses") == 1.0
+
+
+def test_the_reference_is_the_same_every_time_and_differences_name_the_field() -> None:
+    ids = model.request_ids(4)
+    first = reference.reference_run(11, ids, Timing())
+    assert first == reference.reference_run(11, ids, Timing())
+    assert set(first) == set(ids)
+    for rid in ids:
+        spec = model.spec(11, rid)
+        state = first[rid]
+        assert all(p["is_done"] for p in state["partitions"].values())
+        assert state["record"]["final_outputs"]["text"] == {"tokens": spec.total_tokens}
+        if spec.model == model.TTS:
+            stream = state["connections"][model.STREAM]
+            assert stream["token_count"] == stream["consumed_count"] == spec.total_tokens
+    other = reference.reference_run(12, ids, Timing())
+    diff = reference.differences(first[ids[0]], other[ids[0]])
+    assert diff and all(":" in line for line in diff)
+    assert reference.differences(first[ids[0]], first[ids[0]]) == []
+
+
+@pytest.mark.real
+def test_replicas_lists_heartbeats_and_ls_shows_the_driver(
+    real_client: redis.Redis, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    registry = ReplicaRegistry(real_client, namespace=namespace)
+    registry.heartbeat("replica-live")
+    registry.heartbeat("replica-gone", now=time.time() - 600)
+    store = RequestStore(real_client, namespace=namespace)
+    rid = next(r for r in model.request_ids(20) if model.spec(0, r).model == model.TEXT)
+    ingest(store, SimKeys(namespace), model.spec(0, rid), pass_deadline=60)
+    (report,) = model.reports(model.spec(0, rid), model.DEFAULT, 0)
+    outcome = store.record_worker_report(
+        rid, model.DEFAULT, fwd_pass=0, worker_graph_id=report.worker_graph_id, rank=0,
+        num_ranks=1, new_tokens=report.new_tokens, replica_id="replica-live",
+    )  # fmt: skip
+    assert outcome.lease is not None
+    url = ["--redis-url", redis_url_for_tests(), "--namespace", namespace]
+
+    assert cli.main(["replicas", *url]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"1 live replica in namespace {namespace!r}")
+    assert re.search(r"replica-live\s+live\s+last heartbeat \d+\.\ds ago", out)
+    assert "replica-gone" not in out and "1 silent" in out
+    assert cli.main(["replicas", "--all", *url]) == 0
+    assert re.search(r"replica-gone\s+silent\s+last heartbeat 10m0\ds ago", capsys.readouterr().out)
+
+    assert cli.main(["ls", *url]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(rid))
+    assert re.search(r"driver default: replica-live \(lease \d+s left\)", line), line
+    store.release_lease(outcome.lease, check_at=time.time() + 60)
+    assert cli.main(["ls", *url]) == 0
+    assert "driver" not in capsys.readouterr().out
+
+
+def test_without_lua_for_fakeredis_simulate_says_what_to_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "lupa" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    result = simulate(capsys, "--requests", "1")
+    assert result.code == 1
+    assert "'lupa' package is missing" in result.err
+    assert "pip install 'fakeredis[lua]'" in result.err
