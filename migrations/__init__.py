@@ -13,7 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import ModuleType
 
-from migrations import m0002_resource_publish_info, m0003_worker_graph_ids_as_str
+from migrations import (
+    m0002_resource_publish_info,
+    m0003_worker_graph_ids_as_str,
+    m0004_split_published_parts,
+)
 from migrations.record import RawRecord, RecordKind
 
 __all__ = ["FIRST_VERSION", "LATEST_VERSION", "STEPS", "RawRecord", "RecordKind", "Step", "upgrade"]
@@ -30,7 +34,11 @@ class Step:
     apply: Callable[[RawRecord], RawRecord]
 
 
-_MODULES: tuple[ModuleType, ...] = (m0002_resource_publish_info, m0003_worker_graph_ids_as_str)
+_MODULES: tuple[ModuleType, ...] = (
+    m0002_resource_publish_info,
+    m0003_worker_graph_ids_as_str,
+    m0004_split_published_parts,
+)
 
 
 def _registry(modules: tuple[ModuleType, ...]) -> tuple[Step, ...]:

@@ -131,15 +131,7 @@ class Codec:
 
     def decode_kind(self, data: bytes, base: type, **where: str | None) -> Any:
         """Decode an envelope into the registered kind it names, which must subclass ``base``."""
-        self.check_size(data, **where)
-        try:
-            version, name, payload = self._envelope.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise CorruptRecordError(
-                f"stored value is not a {base.__name__} envelope: {e}", **where
-            ) from e
-        except RecursionError as e:  # skipping the payload recurses too
-            raise CorruptRecordError("stored value is nested too deeply to decode", **where) from e
+        version, name, payload = self.envelope(data, base, **where)
         if version > SCHEMA_VERSION:
             raise SchemaVersionError(version, SCHEMA_VERSION, **where)
         cls = self.registry.type_of(name)
@@ -150,6 +142,20 @@ class Codec:
                 f"stored kind {name!r} is a {cls.__qualname__}, not a {base.__name__}", **where
             )
         return self.decode(payload, cls, **where)
+
+    def envelope(
+        self, data: bytes, base: type = object, **where: str | None
+    ) -> tuple[int, str, msgspec.Raw]:
+        """An envelope's version, kind name and undecoded payload."""
+        self.check_size(data, **where)
+        try:
+            version, name, payload = self._envelope.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            what = "" if base is object else f"{base.__name__} "
+            raise CorruptRecordError(f"stored value is not a {what}envelope: {e}", **where) from e
+        except RecursionError as e:  # skipping the payload recurses too
+            raise CorruptRecordError("stored value is nested too deeply to decode", **where) from e
+        return version, name, payload
 
     # -- plans ---------------------------------------------------------------------------
 

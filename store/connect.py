@@ -1,8 +1,8 @@
 """Building a redis-py client from a URL: single server, Sentinel or Cluster.
 
-    redis://[:password@]host:port/db        rediss://...    unix:///path/to/socket
-    redis+sentinel://host:port[,host:port...]/service_name[/db]
-    redis+cluster://host:port[,host:port...]
+redis://[:password@]host:port/db        rediss://...    unix:///path/to/socket
+redis+sentinel://host:port[,host:port...]/service_name[/db]
+redis+cluster://host:port[,host:port...]
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ on a cluster. Only the request index lives outside any request's slot.
     <ns>:{<rid>}:meta                     hash: request-level record (RequestRecord)
     <ns>:{<rid>}:part:<partition>         hash: PartitionState, one field per attribute
     <ns>:{<rid>}:pub:<partition>          hash: resource label -> encoded PublishedInfo
+    <ns>:{<rid>}:merging:<partition>      string, short-lived: an optimistic merge that kept
+                                          losing asks server-side merges to wait
     <ns>:{<rid>}:conn:<from>-><to>        hash: StreamingConnectionState
     <ns>:{<rid>}:ops                      sorted set: applied operation id -> time (dedupe)
     <ns>:{<rid>}:lease                    hash: fencing token, and per partition the lease
@@ -142,6 +144,9 @@ class KeySpace:
     def ops(self, request_id: str) -> str:
         return f"{self.request_prefix(request_id)}ops"
 
+    def merging(self, request_id: str, partition: str) -> str:
+        return f"{self.request_prefix(request_id)}merging:{partition}"
+
     def lease(self, request_id: str) -> str:
         return f"{self.request_prefix(request_id)}lease"
 
@@ -151,6 +156,10 @@ class KeySpace:
         """Every key a request with this topology may hold."""
         keys = [self.meta(request_id), self.ops(request_id), self.lease(request_id)]
         for name in partitions:
-            keys += [self.partition(request_id, name), self.publish_info(request_id, name)]
+            keys += [
+                self.partition(request_id, name),
+                self.publish_info(request_id, name),
+                self.merging(request_id, name),
+            ]
         keys += [self.connection(request_id, name) for name in connections]
         return keys

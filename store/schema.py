@@ -11,6 +11,8 @@ version up to its own, so an envelope nested inside another value may keep an ol
         sequence info); worker-graph ids were ints in msgpack-encoded whole fields
     v2  published state in the publish-info hash, label -> envelope   (migrations/m0002_*)
     v3  worker-graph ids are str, one hash field per id               (migrations/m0003_*)
+    v4  kv and position infos in parts "<label>[<part>]" under a header
+        ``[4, kind, nil]``, so one script merges them with no WATCH  (migrations/m0004_*)
 
 Rules for evolving the types (see README): a new field needs a default; a rename or type
 change needs a numbered step in ``migrations/``, a bump here, and frozen fixtures of the old
@@ -19,5 +21,5 @@ version under ``tests/fixtures/``.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 VERSION_FIELD = "_v"

@@ -27,12 +27,15 @@ same operation again (after a crash, say) passes a stable id so the repeat is re
 
 from __future__ import annotations
 
+import itertools
+import os
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -60,6 +63,7 @@ from store.errors import (
     StalePassError,
     StoreConnectionError,
     StoreError,
+    TransactionConflictError,
     UnknownWorkerGraphError,
     ValidationError,
 )
@@ -72,10 +76,12 @@ from store.keys import (
     validate_request_id,
 )
 from store.layout import RecordLayout
+from store.published import MergedInfos, PublishLayout, check_label
 from store.records import Lease, ReportOutcome, RequestRecord, RequestState
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
-from store.transaction import Plan, optimistic
+from store.transaction import Outcome, Plan, optimistic
 from store.upgrade import RecordOutdated, parse_version, to_current, upgrade_stored
+from store.wire import Scripts, hash_reply
 
 _SCRIPTS = (
     "create_request",
@@ -88,8 +94,12 @@ _SCRIPTS = (
     "claim_step",
     "release_lease",
     "renew_lease",
+    "merge_parts",
 )
 _VERSION = str(SCHEMA_VERSION).encode()
+# An optimistic merge that lost this many rounds asks server-side merges to wait _CLAIM_MS.
+_CLAIM_AFTER = 4
+_CLAIM_MS = 200
 
 
 @dataclass(frozen=True)
@@ -97,23 +107,39 @@ class _Topology:
     partitions: tuple[str, ...]
     connections: tuple[str, ...]
 
-    def outgoing(self, partition: str) -> list[str]:
-        return [c for c in self.connections if c.split("->")[0] == partition]
+    def outgoing(self, partition: str) -> tuple[str, ...]:
+        return self._ends[0].get(partition, ())
 
-    def incoming(self, partition: str) -> list[str]:
-        return [c for c in self.connections if c.split("->")[1] == partition]
+    def incoming(self, partition: str) -> tuple[str, ...]:
+        return self._ends[1].get(partition, ())
+
+    @cached_property
+    def _ends(self) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+        out: dict[str, tuple[str, ...]] = {}
+        into: dict[str, tuple[str, ...]] = {}
+        for conn in self.connections:
+            source, target = conn.split("->")
+            out[source] = (*out.get(source, ()), conn)
+            into[target] = (*into.get(target, ()), conn)
+        return out, into
 
 
 @dataclass
 class StoreStats:
-    """Counters of optimistic transactions, for benchmarks and operators."""
+    """Counters of merges: optimistic transactions (with their tries) and server-side merges."""
 
     transactions: int = 0
     attempts: int = 0
+    server_merges: int = 0
 
     @property
     def retries(self) -> int:
         return self.attempts - self.transactions
+
+    @property
+    def merges(self) -> int:
+        """Merges committed, by either path."""
+        return self.transactions + self.server_merges
 
 
 class RequestStore:
@@ -147,8 +173,10 @@ class RequestStore:
         )
         self._connection = RecordLayout(StreamingConnectionState, self.codec)
         self._record = RecordLayout(RequestRecord, self.codec)
-        self._scripts = {name: client.register_script(scripts.source(name)) for name in _SCRIPTS}
+        self._published = PublishLayout(self.codec)
+        self._scripts = Scripts(client, {name: scripts.source(name) for name in _SCRIPTS})
         self._topologies: OrderedDict[str, _Topology] = OrderedDict()
+        self._op_pid, self._op_prefix, self._op_count = 0, "", itertools.count()
         self._topology_cache_size = topology_cache_size
 
     @classmethod
@@ -205,7 +233,7 @@ class RequestStore:
         for name, conn in connections.items():
             key = self.keys.connection(rid, name)
             hashes.append((key, self._connection.encode(conn, request_id=rid, key=key)))
-        args: list[Any] = [op_id or uuid.uuid4().hex]
+        args: list[Any] = [op_id or self._new_op_id()]
         for _, fields in hashes:
             args.append(len(fields))
             for field, value in fields.items():
@@ -214,7 +242,7 @@ class RequestStore:
             # Index first: a crash in between leaves an index entry without a request (which
             # readers skip and delete removes), never a request no index can find.
             self.client.zadd(self.keys.index, {rid: record.created_at}, nx=True)
-            status = self._scripts["create_request"](keys=[k for k, _ in hashes], args=args)
+            status = self._scripts("create_request", [k for k, _ in hashes], args, request_id=rid)
         if status[0] == b"EXISTS":
             raise RequestExistsError("a request with this id is held already", request_id=rid)
         self._remember(rid, _Topology(tuple(partitions), tuple(connections)))
@@ -425,7 +453,7 @@ class RequestStore:
         split_connection_name(connection, request_id=rid)
         _check_int(count, "count", rid, minimum=0)
         keys = [self.keys.connection(rid, connection), self.keys.ops(rid)]
-        args = [_VERSION, count, f"tokens:{op_id or uuid.uuid4().hex}", *self._window()]
+        args = [_VERSION, count, f"tokens:{op_id or self._new_op_id()}", *self._window()]
         return int(self._run(rid, "add_tokens", keys, args, ConnectionNotFound)[1])
 
     def raise_consumed_count(self, request_id: str, connection: str, count: int) -> int:
@@ -491,8 +519,12 @@ class RequestStore:
                 raise ValidationError("output names must be str", request_id=rid, key=key)
         holder = _check_replica_id(replica_id, rid)
         for attempt in range(2):
-            topology = self._topology(rid)
-            outgoing, incoming = topology.outgoing(name), topology.incoming(name)
+            # Only tokens and consumed counts touch connections; other reports skip them.
+            if new_tokens or consumed:
+                topology = self._topology(rid)
+                outgoing, incoming = topology.outgoing(name), topology.incoming(name)
+            else:
+                outgoing = incoming = ()
             unknown = set(consumed) - set(incoming)
             if unknown and attempt == 0:
                 self._topologies.pop(rid, None)
@@ -581,7 +613,7 @@ class RequestStore:
         topology = self._topology(rid)
         keys = [key, self.keys.ops(rid), self.keys.lease(rid)]
         keys += [self.keys.connection(rid, c) for c in topology.outgoing(name)]
-        op = f"advance:{op_id or uuid.uuid4().hex}"
+        op = f"advance:{op_id or self._new_op_id()}"
         if fence is not None and fence.partition != name:
             raise ValidationError(
                 f"a lease on partition {fence.partition!r} cannot fence {name!r}", request_id=rid
@@ -604,13 +636,18 @@ class RequestStore:
         other: Mapping[str, PublishedInfo],
         *,
         op_id: str | None = None,
-    ) -> dict[str, PublishedInfo]:
-        """``merge_publish_info`` on the stored partition, as one optimistic transaction.
+        returning: bool = True,
+    ) -> Mapping[str, PublishedInfo]:
+        """``merge_publish_info`` on the stored partition, applied once, all labels or none.
 
-        WATCHes the publish-info hash (and the request's meta, so a deleted request is not
-        written to), reads only the labels in ``other``, folds ``other`` in with each kind's
-        own ``update`` and writes them back in MULTI/EXEC; retried with jittered backoff on
-        conflict. Returns the merged infos of those labels.
+        KV and position infos (exactly those types) are merged by the server in one script:
+        no WATCH, no retry, however many replicas merge at once (see store/published.py).
+        Any other kind runs as an optimistic transaction: WATCH the publish-info hash (and
+        the request's meta, so a deleted request is not written to), read it, fold ``other``
+        in with each kind's own ``update``, write in MULTI/EXEC, retried with jittered
+        backoff on conflict. Returns the merged infos of the labels in ``other``, as stored
+        right after this merge (a server-side merge decodes them on first access);
+        ``returning=False`` skips reading them back and returns an empty mapping.
         """
         rid = validate_request_id(request_id)
         name = validate_name(partition_name, what="partition name", request_id=rid)
@@ -619,68 +656,122 @@ class RequestStore:
         if not labels:
             return {}
         for label in labels:
-            _check_label(label, rid, pub)
-        # Encode up front: an unregistered kind fails before any round trip.
-        for label in labels:
-            self.codec.encode_kind(other[label], request_id=rid, key=pub, field=label)
-        meta, part, ops = self.keys.meta(rid), self.keys.partition(rid, name), self.keys.ops(rid)
-        op = f"merge:{op_id or uuid.uuid4().hex}"
+            check_label(label, request_id=rid, key=pub)
+            info = other[label]
+            if self.codec.registry.name_of(type(info)) is None:  # fail before any round trip
+                self.codec.encode_kind(info, request_id=rid, key=pub, field=label)
+        part, ops = self.keys.partition(rid, name), self.keys.ops(rid)
+        op = f"merge:{op_id or self._new_op_id()}"
+        server = self._published.server_merge(other, request_id=rid, key=pub)
+        if server is not None:
+            reads = [("HGETALL", pub)] if returning else []
+            keys = [part, pub, ops, self.keys.merging(rid, name)]
+            args = [_VERSION, op, *self._window(), *server.args]
+            for waited in range(self.retry.max_attempts):
+                reply, *read = self._run(
+                    rid, "merge_parts", keys, args, PartitionNotFound, reads=reads
+                )
+                if reply[0] != b"BUSY":
+                    break
+                time.sleep(self.retry.delay(waited + 1))  # an optimistic merge goes first
+            else:
+                raise TransactionConflictError(self.retry.max_attempts, request_id=rid, key=pub)
+            if reply[0] != b"KIND":
+                self.stats.server_merges += 1
+                if not returning:
+                    return {}
+                wanted = {label.encode() for label in labels}
+                fields = {
+                    f: v for f, v in hash_reply(read[0]).items() if f.partition(b"[")[0] in wanted
+                }
+                decode = self._published.decode
+                return MergedInfos(lambda: decode(fields, request_id=rid, key=pub))
+            # A label holds another kind, or this kind stored whole: the kind's own update
+            # decides, in the optimistic path.
+        return self._merge_optimistic(rid, name, other, labels, op)
+
+    def _merge_optimistic(
+        self,
+        rid: str,
+        name: str,
+        other: Mapping[str, PublishedInfo],
+        labels: list[str],
+        op: str,
+    ) -> dict[str, PublishedInfo]:
+        meta, part = self.keys.meta(rid), self.keys.partition(rid, name)
+        pub, ops = self.keys.publish_info(rid, name), self.keys.ops(rid)
+        claim, token = self.keys.merging(rid, name), self._new_op_id()
+        claimed = False
         now, window = self._window()
+
+        def on_retry(failed: int) -> None:
+            # Server-side merges commit far faster than a read-merge-write round: after a few
+            # lost rounds, ask them to wait (for at most _CLAIM_MS) so this one gets through.
+            nonlocal claimed
+            if failed >= _CLAIM_AFTER:
+                claimed = claimed or bool(self.client.set(claim, token, nx=True, px=_CLAIM_MS))
+
         reads = [
-            ("HMGET", pub, *labels),
+            ("HGETALL", pub),
             ("HGET", part, VERSION_FIELD),
             ("EXISTS", meta),
             ("ZSCORE", ops, op),
         ]
 
         def body(replies: list[Any]) -> Plan[dict[str, PublishedInfo]]:
-            held, version, request_held, seen = replies
+            flat, version, request_held, seen = replies
             if version is None:
                 if not request_held:
                     raise RequestNotFound("no such request", request_id=rid)
                 raise PartitionNotFound(f"no partition {name!r}", request_id=rid, key=part)
             self._check_version(rid, part, version)
-            merged: dict[str, PublishedInfo] = {}
-            for label, raw in zip(labels, held, strict=True):
-                if raw is not None:
-                    merged[label] = self.codec.decode_kind(
-                        raw, PublishedInfo, request_id=rid, key=pub, field=label
-                    )
+            held_fields = hash_reply(flat)
+            merged = self._published.decode(held_fields, labels, request_id=rid, key=pub)
             if seen is not None:  # this very merge committed before a lost reply
                 return Plan([], merged)
             for label in labels:
                 held_info = merged.get(label)
                 if held_info is None:
                     merged[label] = other[label]
-                else:
-                    try:
-                        held_info.update(other[label])
-                    except (TypeError, ValueError) as e:
-                        raise ValidationError(
-                            f"cannot merge: {e}", request_id=rid, key=pub, field=label
-                        ) from e
-            fields: list[Any] = []
+                    continue
+                try:
+                    held_info.update(other[label])
+                except (TypeError, ValueError) as e:
+                    raise ValidationError(
+                        f"cannot merge: {e}", request_id=rid, key=pub, field=label
+                    ) from e
+            fields: dict[str, bytes] = {}
             for label in labels:
-                fields += [
-                    label,
-                    self.codec.encode_kind(merged[label], request_id=rid, key=pub, field=label),
-                ]
-            writes = [
-                ("HSET", pub, *fields),
+                fields.update(self._published.encode(label, merged[label], request_id=rid, key=pub))
+            # A label stored whole now that was stored in parts before loses its parts.
+            wanted = {label.encode() for label in labels}
+            written = {f.encode("utf-8", "surrogateescape") for f in fields}
+            stale = [f for f in held_fields if f.partition(b"[")[0] in wanted and f not in written]
+            writes: list[tuple[Any, ...]] = [("HSET", pub, *_pairs(fields))]
+            if stale:
+                writes.append(("HDEL", pub, *stale))
+            writes += [
                 ("ZADD", ops, now, op),
                 ("ZREMRANGEBYSCORE", ops, "-inf", now - window),
             ]
             return Plan(writes, merged)
 
+        def run() -> Outcome[dict[str, PublishedInfo]]:
+            return optimistic(
+                self.client, [pub, meta], reads, body, self.retry, on_retry,
+                request_id=rid, key=pub,
+            )  # fmt: skip
+
         try:
-            outcome = optimistic(
-                self.client, [pub, meta], reads, body, self.retry, request_id=rid, key=pub
-            )
-        except RecordOutdated:  # the body wrote nothing: upgrade the partition, merge again
-            upgrade_stored(self.client, self.keys, rid, [part], self.retry)
-            outcome = optimistic(
-                self.client, [pub, meta], reads, body, self.retry, request_id=rid, key=pub
-            )
+            try:
+                outcome = run()
+            except RecordOutdated:  # the body wrote nothing: upgrade the partition, merge again
+                upgrade_stored(self.client, self.keys, rid, [part], self.retry)
+                outcome = run()
+        finally:
+            if claimed:  # let server-side merges go on (it also lapses by itself)
+                with self._redis_errors(rid):
+                    self.client.delete(claim)
         self.stats.transactions += 1
         self.stats.attempts += outcome.attempts
         assert outcome.result is not None
@@ -839,6 +930,13 @@ class RequestStore:
         with self._redis_errors(rid):
             self.client.zadd(self.keys.deadlines, {_deadline_member(rid, partition): at})
 
+    def _new_op_id(self) -> str:
+        """A process-unique id: a random prefix per process (renewed after a fork) and a count."""
+        pid = os.getpid()
+        if pid != self._op_pid:
+            self._op_pid, self._op_prefix = pid, uuid.uuid4().hex
+        return f"{self._op_prefix}.{next(self._op_count)}"
+
     def _window(self) -> tuple[float, float]:
         return time.time(), self.dedupe_window
 
@@ -860,15 +958,17 @@ class RequestStore:
         missing: type[StoreError],
         fence: Lease | None = None,
         *,
+        reads: Sequence[tuple[Any, ...]] = (),
         upgraded: bool = False,
-    ) -> list[Any]:
+    ) -> Any:
         """Run a script; turn its NOKEY, SCHEMA and FENCED statuses into typed errors.
 
         A record older than the code (SCHEMA) is upgraded in Redis with the other records
-        among ``keys``, and the script runs once more.
+        among ``keys``, and the script runs once more. With ``reads``, returns the script's
+        reply followed by theirs (run right after it, atomically).
         """
-        with self._redis_errors(rid, keys[0]):
-            reply = self._scripts[script](keys=keys, args=args)
+        replies = self._scripts.run(script, keys, args, reads, request_id=rid, key=keys[0])
+        reply = replies[0]
         status = reply[0]
         if status == b"NOKEY":
             key = reply[1].decode()
@@ -885,11 +985,13 @@ class RequestStore:
                     raise
                 # The script stopped before its first write, so running it again is safe.
                 upgrade_stored(self.client, self.keys, rid, keys, self.retry)
-                return self._run(rid, script, keys, args, missing, fence, upgraded=True)
+                return self._run(
+                    rid, script, keys, args, missing, fence, reads=reads, upgraded=True
+                )
             raise CorruptRecordError(  # a current version reported as outdated
                 f"script {script!r} refused schema version {reply[2]!r}", request_id=rid
             )
-        return list(reply)
+        return [list(reply), *replies[1:]] if reads else list(reply)
 
     def _raise_not_found(
         self, rid: str, kind: type[StoreError], message: str, key: str | None = None
@@ -907,8 +1009,7 @@ class RequestStore:
         raise RecordOutdated(found, request_id=rid, key=key)
 
     def _load_hashes(self, rid: str, keys: list[str]) -> list[dict[bytes, bytes]]:
-        with self._redis_errors(rid, keys[0]):
-            replies = self._scripts["load_hashes"](keys=keys, args=[])
+        replies = self._scripts("load_hashes", keys, [], request_id=rid, key=keys[0])
         return [dict(zip(flat[::2], flat[1::2], strict=True)) for flat in replies]
 
     def _decode_record(self, rid: str, raw: dict[bytes, bytes]) -> RequestRecord:
@@ -926,12 +1027,7 @@ class RequestStore:
             raise PartitionNotFound(f"no partition {name!r}", request_id=rid, key=key)
         part, pub = to_current(RecordKind.PARTITION, part, pub, request_id=rid, key=key)
         pub_key = self.keys.publish_info(rid, name)
-        infos = {}
-        for label, raw in pub.items():
-            text = label.decode("utf-8", "replace")
-            infos[text] = self.codec.decode_kind(
-                raw, PublishedInfo, request_id=rid, key=pub_key, field=text
-            )
+        infos = self._published.decode(pub, request_id=rid, key=pub_key)
         state = self._partition.decode(
             part, extra={"resource_publish_info": infos}, request_id=rid, key=key
         )
@@ -956,10 +1052,10 @@ class RequestStore:
     def _encode_infos(
         self, rid: str, key: str, infos: Mapping[str, PublishedInfo]
     ) -> dict[str, bytes]:
-        out = {}
+        out: dict[str, bytes] = {}
         for label, info in infos.items():
-            _check_label(label, rid, key)
-            out[label] = self.codec.encode_kind(info, request_id=rid, key=key, field=label)
+            check_label(label, request_id=rid, key=key)
+            out.update(self._published.encode(label, info, request_id=rid, key=key))
         return out
 
     def _topology(self, rid: str) -> _Topology:
@@ -1008,12 +1104,3 @@ def _check_replica_id(replica_id: Any, rid: str) -> str:
 def _check_int(value: Any, what: str, rid: str, *, minimum: int) -> None:
     if type(value) is not int or value < minimum:
         raise ValidationError(f"{what} must be an int >= {minimum}, got {value!r}", request_id=rid)
-
-
-def _check_label(label: Any, rid: str, key: str) -> None:
-    if not isinstance(label, str) or not 0 < len(label) <= MAX_NAME_LENGTH:
-        raise ValidationError(
-            f"resource label {label!r} must be a str of 1 to {MAX_NAME_LENGTH} characters",
-            request_id=rid,
-            key=key,
-        )

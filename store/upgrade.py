@@ -20,7 +20,8 @@ from store.backoff import RetryPolicy
 from store.errors import ConfigurationError, CorruptRecordError, SchemaVersionError, StoreError
 from store.keys import KeySpace
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
-from store.transaction import Command, Plan, optimistic
+from store.transaction import Plan, optimistic
+from store.wire import Command, hash_reply
 
 if migrations.LATEST_VERSION != SCHEMA_VERSION:  # a bump without its step, or the reverse
     raise ConfigurationError(
@@ -154,7 +155,7 @@ def upgrade_stored(
     reads: list[Command] = [("HGETALL", k) for k in watch]
 
     def body(replies: list[Any]) -> Plan[UpgradeOutcome]:
-        hashes = dict(zip(watch, (_as_hash(r) for r in replies), strict=True))
+        hashes = dict(zip(watch, (hash_reply(r) for r in replies), strict=True))
         outcome = UpgradeOutcome()
         writes: list[Command] = []
         for key, kind, pub in targets:
@@ -179,12 +180,6 @@ def upgrade_stored(
     result = optimistic(client, watch, reads, body, policy, request_id=request_id)
     assert result.result is not None
     return result.result
-
-
-def _as_hash(reply: Any) -> Hash:
-    if isinstance(reply, dict):  # RESP3, or a client that pairs HGETALL replies itself
-        return reply
-    return dict(zip(reply[::2], reply[1::2], strict=True))
 
 
 def _flat(fields: Mapping[bytes, bytes]) -> list[bytes]:

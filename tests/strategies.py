@@ -114,7 +114,9 @@ int64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 counts = st.integers(min_value=0, max_value=2**31)
 floats = st.floats(allow_nan=False)
 text = st.text(max_size=12)
-labels = st.text(min_size=1, max_size=12)
+# Resource labels name publish-info hash fields "<label>[<part>]" (store/published.py),
+# so they hold no '[' and do not start with '_' (the store's own prefix).
+labels = st.text(min_size=1, max_size=12).filter(lambda s: "[" not in s and s[0] != "_")
 # Partition names fit the key layout: letters, digits, '_', '.', '-' and no '->'.
 names = st.text(
     alphabet=string.ascii_letters + string.digits + "_.-", min_size=1, max_size=12

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-import store.transaction
+import store.wire
 from store.errors import FencedError
 from store.simulation import model, replica
 from store.simulation.fleet import Delivery, Fleet
@@ -83,18 +83,24 @@ def _stop_after_advance(signal_parent: Callable[[str], Any]) -> None:
 
 
 def _stop_inside_merge(signal_parent: Callable[[str], Any]) -> None:
-    original = store.transaction._round_trip
+    original = store.wire.round_trip
     marker = f"/{model.LLM}/{CRASH_PASS}/"
 
     def round_trip(conn: Any, commands: Any) -> list[Any]:
-        if commands and commands[0] == ("MULTI",):
-            ops = [str(c[3]) for c in commands if c[0] == "ZADD" and "merge:" in str(c[3])]
-            if ops and marker in ops[0]:
-                signal_parent(f"inside-merge {ops[0]}")  # WATCH and reads done, no EXEC
-                time.sleep(WAIT)
+        ops = [
+            arg
+            for command in commands
+            if command[0] in ("EVALSHA", "EVAL")
+            for arg in command
+            if isinstance(arg, str) and arg.startswith("merge:") and marker in arg
+        ]
+        if ops:
+            conn.send_packed_command(conn.pack_commands(commands))  # Redis merges...
+            signal_parent(f"inside-merge {ops[0]}")  # ...and A dies before the reply
+            time.sleep(WAIT)
         return original(conn, commands)
 
-    store.transaction._round_trip = round_trip
+    store.wire.round_trip = round_trip
 
 
 def _pause_before_advance(signal_parent: Callable[[str], Any]) -> None:
@@ -205,17 +211,18 @@ def test_killed_holding_the_lease_before_the_advance(
     finish_with_a_successor(fleet, rid)
 
 
-def test_killed_inside_the_merge_transaction(
+def test_killed_with_a_merge_applied_and_its_reply_unread(
     fleet: Fleet, real_client: redis.Redis, namespace: str
 ) -> None:
     rid = tts_request()
     a = start_alone(fleet, "stop_inside_merge", rid)
     said = pump_until(fleet, signal_from(real_client, namespace), "A to be inside a merge")
     fleet.kill(a)
-    # Between WATCH/read and EXEC: nothing of that merge was written, the report is lost.
+    # The merge reached Redis and was applied, its reply never read; the report that follows
+    # a merge was never sent. The successor's redelivery must merge nothing twice.
     rank = int(said.rsplit("/", 1)[1])
     kv = fleet.store.load_partition(rid, model.LLM).resource_publish_info["kv"]
-    assert kv.info[rank][model.LLM].latest_kv_transfer_info["pass"] == CRASH_PASS - 1  # type: ignore[attr-defined]
+    assert kv.info[rank][model.LLM].latest_kv_transfer_info["pass"] == CRASH_PASS  # type: ignore[attr-defined]
     assert fleet.store.load_partition(rid, model.LLM).fwd_pass_number == CRASH_PASS
     finish_with_a_successor(fleet, rid)
 

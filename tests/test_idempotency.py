@@ -187,7 +187,7 @@ def drop_the_exec_connection(
     retry; the caller never gets them, which is what a lost reply is). Without, the
     connection drops before anything is sent.
     """
-    real = transaction._round_trip
+    real = transaction.round_trip
     dropped: list[Sequence[Any]] = []
 
     def lossy(conn: Any, commands: Sequence[Any]) -> list[Any]:
@@ -201,7 +201,7 @@ def drop_the_exec_connection(
             raise redis.ConnectionError("connection lost while EXEC was in flight")
         return real(conn, commands)
 
-    monkeypatch.setattr(transaction, "_round_trip", lossy)
+    monkeypatch.setattr(transaction, "round_trip", lossy)
     return dropped
 
 

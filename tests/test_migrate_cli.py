@@ -22,7 +22,9 @@ from tests.fixtures import record_keys, snapshot, store_fixture, versions_held
 pytestmark = pytest.mark.usefixtures("_no_env_defaults")
 
 CURRENT = [str(SCHEMA_VERSION).encode()] * 4
-MIXED = {f"r{i:02d}": fixtures.VERSIONS[i % 3] for i in range(12)}  # 8 old, 4 current
+MIXED = {f"r{i:02d}": fixtures.VERSIONS[i % len(fixtures.VERSIONS)] for i in range(12)}
+OLD_RECORDS = 4 * sum(v < SCHEMA_VERSION for v in MIXED.values())
+CURRENT_RECORDS = 48 - OLD_RECORDS
 
 
 @pytest.fixture
@@ -50,7 +52,7 @@ def test_migrate_upgrades_the_namespace_and_prints_the_counts(
     assert code == 0
     assert (
         f"namespace {namespace!r}, schema version {SCHEMA_VERSION}: 12 requests, "
-        "48 records seen, 32 upgraded, 16 already current, 0 failed"
+        f"48 records seen, {OLD_RECORDS} upgraded, {CURRENT_RECORDS} already current, 0 failed"
     ) in out
     assert "failed:" not in out
     assert err.count("\r[") == 3 and "12/12 requests" in err and err.endswith("\n")
@@ -72,7 +74,9 @@ def test_dry_run_changes_nothing(
     out, _ = capsys.readouterr()
     assert code == 0
     assert out.startswith("dry run: ")
-    assert "48 records seen, 32 would upgrade, 16 already current, 0 failed" in out
+    assert (
+        f"48 records seen, {OLD_RECORDS} would upgrade, {CURRENT_RECORDS} already current, 0 failed"
+    ) in out
     assert snapshot(fake, namespace) == before
 
 
@@ -81,19 +85,21 @@ def test_a_bad_record_is_named_the_others_upgraded_and_the_exit_code_is_1(
     fake: Any, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store_fixture(fake, namespace, MIXED)
-    bad = record_keys(namespace, "r03")[2]  # a v1 partition
+    assert MIXED["r04"] == 1
+    bad = record_keys(namespace, "r04")[2]  # a v1 partition
     fake.hset(bad, "per_label_seq_info", b"\xc1")
 
     code = cli.main(["migrate", "--namespace", namespace, "--batch", "2"])
 
     out, _ = capsys.readouterr()
     assert code == 1
-    assert "31 upgraded, 16 already current, 1 failed" in out
+    assert f"{OLD_RECORDS - 1} upgraded, {CURRENT_RECORDS} already current, 1 failed" in out
     failures = [line for line in out.splitlines() if line.startswith("failed: ")]
     assert len(failures) == 1 and failures[0].startswith(f"failed: {bad}: ")
     assert "per_label_seq_info does not decode" in failures[0]
-    assert versions_held(fake, namespace, "r03") == [b"3", b"3", b"1", b"3"]
-    assert all(versions_held(fake, namespace, rid) == CURRENT for rid in MIXED if rid != "r03")
+    now = CURRENT[0]
+    assert versions_held(fake, namespace, "r04") == [now, now, b"1", now]
+    assert all(versions_held(fake, namespace, rid) == CURRENT for rid in MIXED if rid != "r04")
 
 
 @pytest.mark.fake
@@ -136,5 +142,6 @@ def test_migrate_on_the_real_redis_by_url(
     code = cli.main(["migrate", "--redis-url", redis_url_for_tests(), "--namespace", namespace])
 
     assert code == 0
-    assert "32 upgraded, 16 already current, 0 failed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{OLD_RECORDS} upgraded, {CURRENT_RECORDS} already current, 0 failed" in out
     assert all(versions_held(real_client, namespace, rid) == CURRENT for rid in MIXED)

@@ -1,7 +1,7 @@
 """Schema versions and migrations: the steps, lazy upgrade on read and write, the runner.
 
-The frozen fixtures in ``tests/fixtures`` hold one request as v1, v2 and v3 code stored it;
-most tests write them raw with redis-py and then use the store or the runner on them.
+The frozen fixtures in ``tests/fixtures`` hold one request as the code of every schema version
+stored it; most tests write them raw with redis-py and then use the store or the runner on them.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from typing import Any
 import msgspec
 import pytest
 import redis
+from hypothesis import given
 
 import migrations
 from migrations import RawRecord, RecordKind
 from migrations import m0002_resource_publish_info as m0002
 from migrations import m0003_worker_graph_ids_as_str as m0003
-from migrations.record import envelope_version
+from migrations import m0004_split_published_parts as m0004
+from migrations.record import envelope_version, stamp_envelope
 from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
 from mstar.engine.resources import (
     KVSequenceInfo,
@@ -33,15 +35,18 @@ from store.codec import Codec
 from store.keys import KeySpace
 from store.layout import RecordLayout
 from store.migrate import MigrationReport, migrate_namespace
+from store.published import PublishLayout
 from store.records import RequestRecord, RequestState
 from store.schema import SCHEMA_VERSION
 from store.upgrade import from_hashes, to_hashes, upgrade_record
 from tests import fixtures
+from tests import strategies as s
 from tests.conftest import redis_url_for_tests
 from tests.fixtures import record_keys, snapshot, store_fixture, versions_held
 
 RECORDS_PER_REQUEST = 4  # meta, partitions llm and codec, connection llm->codec
-OLD = (1, 2)
+LATEST = fixtures.VERSIONS[-1]
+OLD = fixtures.VERSIONS[:-1]
 
 encode = msgspec.msgpack.encode
 
@@ -129,6 +134,111 @@ def test_m0003_refuses_a_garbled_field(field: str) -> None:
         m0003.upgrade(old)
 
 
+def _seq(seq_len: int, transfer: Any = None, pages: list[int] | None = None) -> bytes:
+    return encode(
+        {"seq_len": seq_len, "latest_kv_transfer_info": transfer, "page_indices": pages or []}
+    )
+
+
+def test_m0004_splits_kv_and_position_infos_and_restamps_the_rest() -> None:
+    kv = {
+        "info": {
+            0: {"kv": {"seq_len": 5, "latest_kv_transfer_info": ["h", 1], "page_indices": [3]}},
+            1: {"kv": {"seq_len": 2}, "draft": {"page_indices": [7, 8]}},  # v3 defaults
+            3: {},  # a rank held without labels
+        },
+        "world_size": 4,
+    }
+    big = {"info": {0: {"kv": {"seq_len": 1}}}, "world_size": 2**60}
+    wide = {"info": {2**63: {"kv": {"seq_len": 1}}}, "world_size": 2}
+    old = RawRecord(
+        RecordKind.PARTITION,
+        3,
+        {"partition_name": b"p", "fwd_pass_number": b"2"},
+        {
+            "kv": encode((3, "kv", kv)),
+            "pos": encode((3, "position", {"counters": {"a": 7, "b": -2}})),
+            "empty": encode((3, "position", {"counters": {}})),
+            "score": encode((3, "test.score", {"scores": {"x": 1.5}})),
+            "big": encode((3, "kv", big)),
+            "wide": encode((3, "kv", wide)),
+            "far": encode((3, "position", {"counters": {"a": 1, "b": -(2**53)}})),
+        },
+    )
+
+    new = m0004.upgrade(old)
+
+    assert new.fields == old.fields
+    assert dict(new.published) == {
+        "kv": encode((4, "kv", None)),
+        "kv[world_size]": b"4",
+        "kv[0]": b"",
+        "kv[0:kv]": _seq(5, ["h", 1], [3]),
+        "kv[1]": b"",
+        "kv[1:kv]": _seq(2),
+        "kv[1:draft]": _seq(0, None, [7, 8]),
+        "kv[3]": b"",
+        "pos": encode((4, "position", None)),
+        "pos[a]": b"7",
+        "pos[b]": b"-2",
+        "empty": encode((4, "position", None)),
+        "score": encode((4, "test.score", {"scores": {"x": 1.5}})),
+        "big": encode((4, "kv", big)),  # world_size beyond 2**53: kept whole
+        "wide": encode((4, "kv", wide)),  # a rank beyond int64: kept whole
+        "far": encode((4, "position", {"counters": {"a": 1, "b": -(2**53)}})),
+    }
+    decoded = PublishLayout(Codec(s.user_registry())).decode(
+        {k.encode(): v for k, v in new.published.items()}
+    )
+    assert decoded["kv"] == PublishedKVInfo(
+        info={
+            0: {"kv": KVSequenceInfo(5, ["h", 1], [3])},
+            1: {"kv": KVSequenceInfo(2), "draft": KVSequenceInfo(0, None, [7, 8])},
+            3: {},
+        },
+        world_size=4,
+    )
+    assert decoded["pos"] == PublishedPositionInfo({"a": 7, "b": -2})
+    assert decoded["big"] == PublishedKVInfo({0: {"kv": KVSequenceInfo(1)}}, world_size=2**60)
+
+
+def test_m0004_only_restamps_the_other_records() -> None:
+    config = encode((3, "sampling", {"seed": 7}))
+    meta = RawRecord(RecordKind.META, 3, {"resource_configs[s]": config, "seed": b"7"})
+    assert m0004.upgrade(meta).fields == {
+        "resource_configs[s]": encode((4, "sampling", {"seed": 7})),
+        "seed": b"7",
+    }
+    conn = RawRecord(RecordKind.CONNECTION, 3, {"token_count": b"3"})
+    assert m0004.upgrade(conn) == conn
+
+
+@pytest.mark.parametrize(
+    ("published", "why"),
+    [
+        ({"kv": encode((3, "kv", {"info": {"zero": {}}}))}, "'kv' does not decode"),
+        ({"pos": encode((3, "position", [1]))}, "'pos' does not decode"),
+        ({"x": b"\xc1"}, "'x' does not decode"),
+        ({"a[b]": encode((3, "position", {}))}, "'a[b]' holds '['"),
+    ],
+)
+def test_m0004_refuses_what_it_cannot_read_or_store(published: dict[str, bytes], why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        m0004.upgrade(RawRecord(RecordKind.PARTITION, 3, {}, published))
+
+
+@s.CODEC_SETTINGS
+@given(label=s.labels, info=s.flat_user_infos)
+def test_m0004_writes_exactly_what_the_store_writes_today(label: str, info: PublishedInfo) -> None:
+    """The step's frozen decoders and encoder agree byte for byte with today's codec."""
+    codec = Codec(s.user_registry())
+    v3 = stamp_envelope(codec.encode_kind(info), 3)
+
+    new = m0004.upgrade(RawRecord(RecordKind.PARTITION, 3, {}, {label: v3}))
+
+    assert dict(new.published) == PublishLayout(codec).encode(label, info)
+
+
 def test_the_registry_is_ordered_and_ends_at_the_schema_version() -> None:
     assert [s.version for s in migrations.STEPS] == list(range(2, SCHEMA_VERSION + 1))
     assert migrations.LATEST_VERSION == SCHEMA_VERSION
@@ -166,16 +276,22 @@ def _upgraded_hashes(version: int) -> fixtures.Hashes:
     return out
 
 
+def test_the_newest_fixture_is_the_current_version() -> None:
+    assert LATEST == SCHEMA_VERSION
+    assert fixtures.hashes(LATEST)["meta"][b"_v"] == str(SCHEMA_VERSION).encode()
+
+
 @pytest.mark.parametrize("version", OLD)
-def test_old_fixtures_upgrade_to_exactly_the_v3_fixture(version: int) -> None:
-    assert _upgraded_hashes(version) == fixtures.hashes(3)
+def test_old_fixtures_upgrade_to_exactly_the_newest_fixture(version: int) -> None:
+    assert _upgraded_hashes(version) == fixtures.hashes(LATEST)
 
 
-def test_the_v3_fixture_is_what_the_code_writes() -> None:
+def test_the_newest_fixture_is_what_the_code_writes() -> None:
     """Each frozen field must be encoded the same today; fields added since need defaults."""
     codec = Codec()
+    published = PublishLayout(codec)
     state = fixtures.expected_state()
-    frozen = fixtures.hashes(3)
+    frozen = fixtures.hashes(LATEST)
     written: fixtures.Hashes = {
         "meta": RecordLayout(RequestRecord, codec).encode(state.record),
         "conn:llm->codec": RecordLayout(type(state.connections["llm->codec"]), codec).encode(
@@ -186,24 +302,33 @@ def test_the_v3_fixture_is_what_the_code_writes() -> None:
     for name, part in state.partitions.items():
         written[f"part:{name}"] = layout.encode(part)
         written[f"pub:{name}"] = {
-            label: codec.encode_kind(info) for label, info in part.resource_publish_info.items()
+            field: value
+            for label, info in part.resource_publish_info.items()
+            for field, value in published.encode(label, info).items()
         }
     for suffix, fields in frozen.items():
         mine = {k: v for k, v in fields.items() if not k.startswith((b"_op", b"_reports"))}
         now = {k.encode(): v for k, v in written[suffix].items()}
         assert {k: now.get(k) for k in mine} == mine, suffix
+        if suffix.startswith("pub:"):  # the store adds no fields of its own there
+            assert now == fields, suffix
+
+
+def _envelopes(held: fixtures.Hashes) -> list[bytes]:
+    """The top-level envelopes: resource configs, and each label's whole info or header."""
+    envelopes = [v for k, v in held["meta"].items() if k.startswith(b"resource_configs[")]
+    for suffix, fields in held.items():
+        if suffix.startswith("pub:"):
+            envelopes += [v for k, v in fields.items() if b"[" not in k]  # not a v4 part
+    return envelopes
 
 
 @pytest.mark.parametrize("version", fixtures.VERSIONS)
 def test_every_envelope_carries_its_records_version(version: int) -> None:
-    held = fixtures.hashes(version)
-    envelopes = [v for k, v in held["meta"].items() if k.startswith(b"resource_configs[")]
-    envelopes += [v for suffix, h in held.items() if suffix.startswith("pub:") for v in h.values()]
-    assert envelopes and {envelope_version(e) for e in envelopes} == {version}
-    upgraded = _upgraded_hashes(version)
-    envelopes = [v for k, v in upgraded["meta"].items() if k.startswith(b"resource_configs[")]
-    envelopes += [v for s, h in upgraded.items() if s.startswith("pub:") for v in h.values()]
-    assert {envelope_version(e) for e in envelopes} == {SCHEMA_VERSION}
+    held = _envelopes(fixtures.hashes(version))
+    assert held and {envelope_version(e) for e in held} == {version}
+    upgraded = _envelopes(_upgraded_hashes(version))
+    assert len(upgraded) == 2 and {envelope_version(e) for e in upgraded} == {SCHEMA_VERSION}
 
 
 # -- lazy upgrade on read -----------------------------------------------------------------
@@ -284,8 +409,8 @@ def _final_output(store: RequestStore, expected: RequestState) -> None:
 
 
 WRITES: dict[str, tuple[Callable[[RequestStore, RequestState], None], list[int]]] = {
-    # name: (the write, which of record_keys() it must leave at v3)
-    "report": (_report, [1, 3]),
+    # name: (the write, which of record_keys() it must leave at the current version)
+    "report": (_report, [1]),  # a report without tokens touches no connection
     "add_tokens": (_tokens, [3]),
     "raise_consumed_count": (_consumed, [3]),
     "advance": (_advance, [1, 3]),
@@ -318,7 +443,7 @@ def test_a_write_on_an_old_record_upgrades_it_first(
 def test_a_record_newer_than_the_code_is_refused_and_left_alone(
     client: redis.Redis, namespace: str
 ) -> None:
-    store_fixture(client, namespace, {"r1": 3})
+    store_fixture(client, namespace, {"r1": LATEST})
     part, conn = record_keys(namespace, "r1")[1], record_keys(namespace, "r1")[3]
     newer = str(SCHEMA_VERSION + 1)
     client.hset(part, "_v", newer)
@@ -368,7 +493,7 @@ def test_a_garbled_version_is_a_corrupt_record(
 
 
 def _mixed(n: int) -> dict[str, int]:
-    return {f"r{i:05d}": fixtures.VERSIONS[i % 3] for i in range(n)}
+    return {f"r{i:05d}": fixtures.VERSIONS[i % len(fixtures.VERSIONS)] for i in range(n)}
 
 
 def test_migrate_upgrades_every_record_and_a_second_run_changes_nothing(
@@ -408,8 +533,8 @@ def test_dry_run_reports_what_would_change_and_changes_nothing(
     report = migrate_namespace(client, namespace, dry_run=True)
 
     assert snapshot(client, namespace) == before
-    assert report.dry_run and report.seen == 48 and report.current == 16
-    assert report.upgraded == 31
+    assert report.dry_run and report.seen == 48 and report.current == 12  # 3 current requests
+    assert report.upgraded == 35
     assert [key for key, _ in report.failed] == [record_keys(namespace, "r00000")[1]]
 
 

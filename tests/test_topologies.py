@@ -7,6 +7,7 @@ shared by the tests of this module.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 import redis
@@ -17,8 +18,13 @@ from mstar.conductor.request_info import (
     PartitionState,
     StreamingConnectionState,
 )
-from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo, PublishedPositionInfo
-from store import RequestNotFound, RequestStore, StoreConnectionError
+from mstar.engine.resources import (
+    KVSequenceInfo,
+    PublishedInfo,
+    PublishedKVInfo,
+    PublishedPositionInfo,
+)
+from store import Codec, KindRegistry, RequestNotFound, RequestStore, StoreConnectionError
 from tests.servers import RedisCluster, RedisSentinel, RedisServer
 
 
@@ -142,11 +148,29 @@ def _migrate_slot(
     return len(keys)
 
 
+@dataclass
+class CountInfo(PublishedInfo):
+    """A user kind: merged in Python, so by the optimistic transaction."""
+
+    count: int = 0
+
+    def update(self, other: PublishedInfo) -> None:
+        assert isinstance(other, CountInfo)
+        self.count = max(self.count, other.count)
+
+
+def _registry() -> KindRegistry:
+    registry = KindRegistry()
+    registry.register(PublishedPositionInfo, "position")
+    registry.register(CountInfo, "count")
+    return registry
+
+
 @pytest.mark.cluster
-def test_optimistic_merge_follows_a_moved_slot(tmp_cluster: RedisCluster, namespace: str) -> None:
+def test_merges_follow_a_moved_slot(tmp_cluster: RedisCluster, namespace: str) -> None:
     client = tmp_cluster.client()
     try:
-        store = RequestStore(client, namespace=namespace)
+        store = RequestStore(client, namespace=namespace, codec=Codec(_registry()))
         rid = "moving"
         _create(store, rid)
         store.merge_publish_info(rid, "llm", {"pos": PublishedPositionInfo({"llm": 1})})
@@ -156,15 +180,21 @@ def test_optimistic_merge_follows_a_moved_slot(tmp_cluster: RedisCluster, namesp
         target = next(n for n in tmp_cluster.nodes if n is not source)
         assert _migrate_slot(tmp_cluster, slot, source, target) >= 4
 
-        # The client still maps the slot to the old owner: the first try meets MOVED, the
-        # slot map is refreshed and the second try commits on the new owner.
-        before = store.stats.attempts
+        # The client still maps the slot to the old owner: the server-side merge meets MOVED,
+        # the slot map is refreshed and it runs again on the new owner.
         merged = store.merge_publish_info(rid, "llm", {"pos": PublishedPositionInfo({"llm": 5})})
         assert merged == {"pos": PublishedPositionInfo({"llm": 5})}
-        assert store.stats.attempts - before == 2
         assert _owner(client, store, rid) == f"{target.host}:{target.port}"
         with target.client() as c:
             assert c.exists(store.keys.meta(rid))
+
+        # Back to the first owner: the optimistic transaction's first try meets MOVED and
+        # the second commits there.
+        assert _migrate_slot(tmp_cluster, slot, target, source) >= 4
+        before = store.stats.attempts
+        assert store.merge_publish_info(rid, "llm", {"n": CountInfo(3)}) == {"n": CountInfo(3)}
+        assert store.stats.attempts - before == 2
+        assert _owner(client, store, rid) == f"{source.host}:{source.port}"
 
         outcome = store.record_worker_report(
             rid, "llm", fwd_pass=0, worker_graph_id="wg", rank=0, num_ranks=1, new_tokens=2
@@ -173,7 +203,8 @@ def test_optimistic_merge_follows_a_moved_slot(tmp_cluster: RedisCluster, namesp
         assert store.advance_partition(rid, "llm", from_pass=0, metadata=_metadata()) == 1
         state = store.load_request(rid)
         assert state.partitions["llm"].resource_publish_info == {
-            "pos": PublishedPositionInfo({"llm": 5})
+            "pos": PublishedPositionInfo({"llm": 5}),
+            "n": CountInfo(3),
         }
         assert state.connections["llm->codec"].token_count == 2
         assert store.delete_request(rid)
