@@ -6,7 +6,8 @@ import argparse
 import time
 from typing import Any
 
-from store.cli import add_common_options, make_client
+from store import cli
+from store.cli import add_common_options
 from store.replicas import ReplicaRegistry
 
 DEFAULT_WITHIN = 5.0
@@ -29,7 +30,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    client = make_client(args)
+    client = cli.make_client(args)
     try:
         beats = ReplicaRegistry(client, namespace=args.namespace).last_beats()
     finally:

@@ -72,9 +72,15 @@ class Codec:
         """
         if type_ is not None and not _conforms(value, type_):
             raise EncodeError(f"expected {_type_name(type_)}, got {type(value).__name__}", **where)
-        plan = self._plan(type(value) if type_ is None else type_)
+        return self._encode(value, self._plan(type(value) if type_ is None else type_), (), where)
+
+    def _encode(
+        self, value: Any, plan: _Plan, header: tuple[Any, ...], where: dict[str, str | None]
+    ) -> bytes:
+        """``value`` through its plan, behind ``header`` items when given; size checked."""
         try:
-            data = self._encoder.encode(plan.to_wire(value) if plan.to_wire else value)
+            payload = plan.to_wire(value) if plan.to_wire else value
+            data = self._encoder.encode((*header, payload) if header else payload)
         except StoreError as e:  # a nested value's own error (an unregistered kind): keep it
             e.locate(**where)
             raise
@@ -117,17 +123,7 @@ class Codec:
                 "store.register_kind before storing it",
                 **where,
             )
-        plan = self._plan(cls)
-        try:
-            payload = plan.to_wire(value) if plan.to_wire else value
-            data = self._encoder.encode((SCHEMA_VERSION, name, payload))
-        except StoreError as e:  # a nested kind's own error (an unregistered kind): keep it
-            e.locate(**where)
-            raise
-        except (TypeError, ValueError, OverflowError) as e:
-            raise EncodeError(f"cannot encode {cls.__name__}: {e}", **where) from e
-        self.check_size(data, **where)
-        return data
+        return self._encode(value, self._plan(cls), (SCHEMA_VERSION, name), where)
 
     def decode_kind(self, data: bytes, base: type, **where: str | None) -> Any:
         """Decode an envelope into the registered kind it names, which must subclass ``base``."""

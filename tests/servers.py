@@ -80,7 +80,28 @@ def _tail(path: Path, lines: int = 30) -> str:
         return f"<no log: {e}>"
 
 
-class RedisServer:
+class _Started:
+    """``with`` starts the processes and stops them after."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class RedisServer(_Started):
     """One ``redis-server`` process.
 
     ``args`` are appended to ``--port P --dir D --save "" --appendonly no``;
@@ -237,17 +258,7 @@ class RedisServer:
         self._paused = False
 
     def __enter__(self) -> Self:
-        if not self.running:
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        return self if self.running else self.start()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -258,7 +269,7 @@ class _PortInUseError(RuntimeError):
     pass
 
 
-class RedisCluster:
+class RedisCluster(_Started):
     """A Redis Cluster of ``masters`` master-only nodes, each in its own subdir."""
 
     def __init__(self, workdir: Path, masters: int = 3, *args: str) -> None:
@@ -356,19 +367,8 @@ class RedisCluster:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self) -> Self:
-        return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-class RedisSentinel:
+class RedisSentinel(_Started):
     """One Sentinel process monitoring ``master`` (an already running RedisServer).
 
     Quorum 1, down-after 1 s, failover-timeout 5 s, service name ``mymaster``.
@@ -468,17 +468,6 @@ class RedisSentinel:
                 proc.wait()
         else:
             proc.wait()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def cluster_state(client: redis.Redis) -> str:
