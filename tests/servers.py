@@ -73,6 +73,13 @@ def free_cluster_port() -> int:
     raise RuntimeError("could not find a free port pair for a cluster node")
 
 
+def _probe(host: str, port: int) -> redis.Redis:
+    """A client that answers or fails within half a second, for polling a starting server."""
+    return redis.Redis(
+        host=host, port=port, socket_timeout=0.5, socket_connect_timeout=0.5, retry=no_retry()
+    )
+
+
 def _tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -189,13 +196,7 @@ class RedisServer(_Started):
                     f"redis-server on port {self.port} exited during startup; log tail:\n{tail}"
                 )
             try:
-                with redis.Redis(
-                    host=self.host,
-                    port=self.port,
-                    socket_timeout=0.5,
-                    socket_connect_timeout=0.5,
-                    retry=no_retry(),
-                ) as c:
+                with _probe(self.host, self.port) as c:
                     if c.ping():
                         return
             except redis.RedisError as e:
@@ -432,13 +433,7 @@ class RedisSentinel(_Started):
                     f"{_tail(self.logfile)}"
                 )
             try:
-                with redis.Redis(
-                    host=self.host,
-                    port=self.port,
-                    socket_timeout=0.5,
-                    socket_connect_timeout=0.5,
-                    retry=no_retry(),
-                ) as c:
+                with _probe(self.host, self.port) as c:
                     addr = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", name)
                     master = c.execute_command("SENTINEL", "MASTER", name)
                     last = (addr, master)
