@@ -7,6 +7,7 @@ from store.errors import (
     ConnectionNotFound,
     CorruptRecordError,
     EncodeError,
+    FencedError,
     NotFoundError,
     PartitionNotFound,
     PayloadTooLargeError,
@@ -24,7 +25,8 @@ from store.errors import (
 )
 from store.keys import KeySpace
 from store.kinds import KindRegistry, default_registry, register_kind
-from store.records import ReportOutcome, RequestRecord, RequestState
+from store.records import Lease, ReportOutcome, RequestRecord, RequestState
+from store.replicas import ReplicaRegistry
 from store.store import RequestStore
 
 __all__ = [
@@ -33,11 +35,14 @@ __all__ = [
     "ConnectionNotFound",
     "CorruptRecordError",
     "EncodeError",
+    "FencedError",
     "KeySpace",
     "KindRegistry",
+    "Lease",
     "NotFoundError",
     "PartitionNotFound",
     "PayloadTooLargeError",
+    "ReplicaRegistry",
     "ReportOutcome",
     "RequestExistsError",
     "RequestNotFound",
