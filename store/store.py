@@ -688,7 +688,8 @@ class RequestStore:
                 return MergedInfos(lambda: decode(fields, request_id=rid, key=pub))
             # A label holds another kind, or this kind stored whole: the kind's own update
             # decides, in the optimistic path.
-        return self._merge_optimistic(rid, name, other, labels, op)
+        merged = self._merge_optimistic(rid, name, other, labels, op)
+        return merged if returning else {}
 
     def _merge_optimistic(
         self,

@@ -29,7 +29,7 @@ from mstar.engine.resources import (
     PublishedKVInfo,
     PublishedPositionInfo,
 )
-from store import Codec, CorruptRecordError, RequestStore, ValidationError
+from store import Codec, CorruptRecordError, KindRegistry, RequestStore, ValidationError
 from store.schema import SCHEMA_VERSION
 from tests.strategies import STORE_SETTINGS, ScoreInfo, user_registry
 
@@ -332,3 +332,35 @@ def test_corrupt_parts_are_reported_by_key_and_field(
             read()
         assert (caught.value.key, caught.value.field) == (key, field)
         assert why in str(caught.value)
+
+
+def test_returning_false_gives_an_empty_mapping_on_both_merge_paths(
+    client: redis.Redis, namespace: str
+) -> None:
+    store = RequestStore(client, namespace=namespace, codec=Codec(_ret_registry()))
+    store.create_request(
+        "r", partitions={"p": PartitionState("p", CurrentForwardConductorMetadata("w", True))},
+        max_output_tokens=1,
+    )  # fmt: skip
+    server = {"pos": PublishedPositionInfo({"a": 1})}
+    optimistic = {"pos": PublishedPositionInfo({"a": 2}), "n": _Count(3)}
+    assert store.merge_publish_info("r", "p", server, returning=False) == {}
+    assert store.merge_publish_info("r", "p", optimistic, returning=False) == {}
+    held = store.load_partition("r", "p").resource_publish_info
+    assert held == {"pos": PublishedPositionInfo({"a": 2}), "n": _Count(3)}
+
+
+@dataclass
+class _Count(PublishedInfo):
+    n: int = 0
+
+    def update(self, other: PublishedInfo) -> None:
+        assert isinstance(other, _Count)
+        self.n += other.n
+
+
+def _ret_registry() -> KindRegistry:
+    registry = KindRegistry()
+    registry.register(PublishedPositionInfo, "position")
+    registry.register(_Count, "count")
+    return registry
