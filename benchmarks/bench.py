@@ -49,7 +49,7 @@ from mstar.engine.resources import (
     SamplingReqConfig,
 )
 from store import RequestExistsError, RequestStore, StalePassError, TransactionConflictError
-from store.layout import RecordLayout
+from store.codec.layout import RecordLayout
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "latest.json"
 PROCS = (1, 4, 16)

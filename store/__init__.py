@@ -2,6 +2,7 @@
 
 from store.backoff import RetryPolicy
 from store.codec import Codec
+from store.codec.kinds import KindRegistry, default_registry, register_kind
 from store.errors import (
     ConfigurationError,
     ConnectionNotFound,
@@ -24,7 +25,6 @@ from store.errors import (
     ValidationError,
 )
 from store.keys import KeySpace
-from store.kinds import KindRegistry, default_registry, register_kind
 from store.records import Lease, ReportOutcome, RequestRecord, RequestState
 from store.replicas import ReplicaRegistry
 from store.store import RequestStore

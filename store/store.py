@@ -49,8 +49,9 @@ from mstar.conductor.request_info import (
 from mstar.engine.resources import PublishedInfo
 from store import scripts
 from store.backoff import RetryPolicy
-from store.codec import Codec
-from store.connect import client_from_url
+from store.codec.layout import RecordLayout
+from store.codec.published import MergedInfos, PublishLayout, check_label
+from store.codec.values import Codec
 from store.errors import (
     ConfigurationError,
     ConnectionNotFound,
@@ -67,6 +68,9 @@ from store.errors import (
     UnknownWorkerGraphError,
     ValidationError,
 )
+from store.io.connect import client_from_url
+from store.io.transaction import Outcome, Plan, optimistic
+from store.io.wire import Scripts, hash_reply
 from store.keys import (
     MAX_NAME_LENGTH,
     KeySpace,
@@ -75,13 +79,9 @@ from store.keys import (
     validate_name,
     validate_request_id,
 )
-from store.layout import RecordLayout
-from store.published import MergedInfos, PublishLayout, check_label
 from store.records import Lease, ReportOutcome, RequestRecord, RequestState
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
-from store.transaction import Outcome, Plan, optimistic
 from store.upgrade import RecordOutdated, parse_version, to_current, upgrade_stored
-from store.wire import Scripts, hash_reply
 
 _SCRIPTS = (
     "create_request",
@@ -181,7 +181,7 @@ class RequestStore:
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str = "mstar", **options: Any) -> RequestStore:
-        """A store on the Redis at ``url`` (see ``store.connect`` for the URL forms)."""
+        """A store on the Redis at ``url`` (see ``store.io.connect`` for the URL forms)."""
         store_options = {
             k: options.pop(k)
             for k in ("codec", "retry", "dedupe_window", "lease_ttl", "topology_cache_size")

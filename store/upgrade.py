@@ -18,10 +18,10 @@ import migrations
 from migrations import RawRecord, RecordKind
 from store.backoff import RetryPolicy
 from store.errors import ConfigurationError, CorruptRecordError, SchemaVersionError, StoreError
+from store.io.transaction import Plan, optimistic
+from store.io.wire import Command, hash_reply
 from store.keys import KeySpace
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
-from store.transaction import Plan, optimistic
-from store.wire import Command, hash_reply
 
 if migrations.LATEST_VERSION != SCHEMA_VERSION:  # a bump without its step, or the reverse
     raise ConfigurationError(

@@ -31,7 +31,7 @@ from mstar.engine.resources import (
     SamplingReqConfig,
 )
 from mstar.graph.loop_indices import NestedLoopIndices
-from store.kinds import KindRegistry
+from store.codec.kinds import KindRegistry
 
 # Pure codec properties are cheap; store properties pay round trips on two backends.
 CODEC_SETTINGS = settings(max_examples=75, deadline=None, database=None)

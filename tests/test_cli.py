@@ -1,6 +1,6 @@
 """The ``mstar-store`` command line, driven in-process through ``store.cli.main``.
 
-Against fakeredis, ``store.cli.make_client`` is replaced so that the command runs on the
+Against fakeredis, ``store.cli.main.make_client`` is replaced so that the command runs on the
 test's fake server; against real Redis the command gets ``--redis-url`` like a user would.
 """
 
@@ -28,7 +28,8 @@ from mstar.engine.resources import (
     PublishedPositionInfo,
     SamplingReqConfig,
 )
-from store import cli, demo
+from store.cli import demo
+from store.cli import main as cli
 from store.store import RequestStore
 from tests.conftest import redis_url_for_tests
 

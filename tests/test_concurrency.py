@@ -34,7 +34,7 @@ from mstar.engine.resources import (
     PublishedPositionInfo,
 )
 from store import Codec, KindRegistry, RequestStore, StalePassError, TransactionConflictError
-from store.kinds import default_registry
+from store.codec.kinds import default_registry
 from tests.conftest import delete_namespace, redis_url_for_tests
 from tests.servers import free_port
 

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import redis
 
-import store.wire
+import store.io.wire
+from store.cli.simulate import model, replica
+from store.cli.simulate.fleet import Delivery, Fleet
+from store.cli.simulate.reference import canonical, reference_run
+from store.cli.simulate.replica import Report, Timing
 from store.errors import FencedError
-from store.simulation import model, replica
-from store.simulation.fleet import Delivery, Fleet
-from store.simulation.reference import canonical, reference_run
-from store.simulation.replica import Report, Timing
 from store.store import RequestStore
 from tests.conftest import redis_url_for_tests
 
@@ -83,7 +83,7 @@ def _stop_after_advance(signal_parent: Callable[[str], Any]) -> None:
 
 
 def _stop_inside_merge(signal_parent: Callable[[str], Any]) -> None:
-    original = store.wire.round_trip
+    original = store.io.wire.round_trip
     marker = f"/{model.LLM}/{CRASH_PASS}/"
 
     def round_trip(conn: Any, commands: Any) -> list[Any]:
@@ -100,7 +100,7 @@ def _stop_inside_merge(signal_parent: Callable[[str], Any]) -> None:
             time.sleep(WAIT)
         return original(conn, commands)
 
-    store.wire.round_trip = round_trip
+    store.io.wire.round_trip = round_trip
 
 
 def _pause_before_advance(signal_parent: Callable[[str], Any]) -> None:

@@ -20,7 +20,8 @@ from mstar.conductor.request_info import (
     PartitionState,
     StreamingConnectionState,
 )
-from store import Codec, RequestExistsError, RequestStore, transaction
+from store import Codec, RequestExistsError, RequestStore
+from store.io import transaction
 from tests.servers import RedisServer
 from tests.strategies import SumInfo, user_registry
 

@@ -15,7 +15,7 @@ from mstar.conductor.request_info import (
 )
 from mstar.engine.resources import PublishedPositionInfo, SamplingReqConfig
 from store import Codec, CorruptRecordError, UnknownKindError, ValidationError
-from store.layout import RecordLayout
+from store.codec.layout import RecordLayout
 from store.records import RequestRecord
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
 from tests import strategies as s

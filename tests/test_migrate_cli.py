@@ -1,6 +1,6 @@
 """``mstar-store migrate``, driven in-process through ``store.cli.main``.
 
-Against fakeredis, ``store.cli.make_client`` is replaced so that the command runs on the
+Against fakeredis, ``store.cli.main.make_client`` is replaced so that the command runs on the
 test's server; one test goes through ``--redis-url`` to the real Redis.
 """
 
@@ -12,8 +12,8 @@ import fakeredis
 import pytest
 import redis
 
-from store import cli
-from store.cli_migrate import ProgressBar
+from store.cli import main as cli
+from store.cli.migrate import ProgressBar
 from store.schema import SCHEMA_VERSION
 from tests import fixtures
 from tests.conftest import redis_url_for_tests

@@ -31,11 +31,11 @@ from mstar.engine.resources import (
     PublishedPositionInfo,
 )
 from store import CorruptRecordError, RequestStore, SchemaVersionError
-from store.codec import Codec
+from store.codec.layout import RecordLayout
+from store.codec.published import PublishLayout
+from store.codec.values import Codec
 from store.keys import KeySpace
-from store.layout import RecordLayout
 from store.migrate import MigrationReport, migrate_namespace
-from store.published import PublishLayout
 from store.records import RequestRecord, RequestState
 from store.schema import SCHEMA_VERSION
 from store.upgrade import from_hashes, to_hashes, upgrade_record

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import redis
 
-from store import cli
+from store.cli import main as cli
+from store.cli.simulate import model, reference
+from store.cli.simulate.replica import SimKeys, Timing, ingest
 from store.replicas import ReplicaRegistry
-from store.simulation import model, reference
-from store.simulation.replica import SimKeys, Timing, ingest
 from store.store import RequestStore
 from tests.conftest import redis_url_for_tests
 

@@ -30,10 +30,10 @@ from mstar.engine.resources import (
     PublishedPositionInfo,
     SamplingReqConfig,
 )
-from store.cli import add_common_options, open_store
+from store.cli.main import add_common_options, open_store
+from store.cli.view import connection_progress
 from store.records import RequestState
 from store.store import RequestStore
-from store.view import connection_progress
 
 LLM, CODEC, STREAM = "llm", "codec", "llm->codec"
 LLM_WG, CODEC_WG = "llm-tp2", "codec-wg"

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from store.codec.kinds import POLYMORPHIC_BASES, KindRegistry, default_registry
 from store.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -25,7 +26,6 @@ from store.errors import (
     UnknownKindError,
     UnknownStoredKindError,
 )
-from store.kinds import POLYMORPHIC_BASES, KindRegistry, default_registry
 from store.schema import SCHEMA_VERSION
 
 DEFAULT_MAX_PAYLOAD_BYTES = 4 * 1024 * 1024

@@ -6,7 +6,7 @@ loses nothing but the messages it had taken from its inbox (the pass deadline re
 them). The loop (``serve``) heartbeats, takes reports from its inbox list and runs
 recovery: ``due_steps`` -> ``claim_step`` -> redo the step -> ``release_lease``.
 
-Run as a process with ``python -m store.simulation.replica '<json ReplicaConfig>'``.
+Run as a process with ``python -m store.cli.simulate.replica '<json ReplicaConfig>'``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any
 
 import msgspec
 
-from store.connect import client_from_url
+from store.cli.simulate import model
+from store.cli.simulate.model import Report, RequestSpec
 from store.errors import (
     FencedError,
     NotFoundError,
@@ -33,10 +34,9 @@ from store.errors import (
     TransactionConflictError,
     UnknownWorkerGraphError,
 )
+from store.io.connect import client_from_url
 from store.records import Lease
 from store.replicas import ReplicaRegistry
-from store.simulation import model
-from store.simulation.model import Report, RequestSpec
 from store.store import RequestStore
 
 # Operations whose latency the summary reports, in its order.

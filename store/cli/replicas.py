@@ -6,8 +6,8 @@ import argparse
 import time
 from typing import Any
 
-from store import cli
-from store.cli import add_common_options
+from store.cli import main as cli
+from store.cli.main import add_common_options
 from store.replicas import ReplicaRegistry
 
 DEFAULT_WITHIN = 5.0

@@ -17,15 +17,15 @@ from typing import Any, TextIO
 
 import redis
 
-from store.connect import client_from_url
+from store.cli.simulate import model
+from store.cli.simulate.fleet import Delivery, Fleet, FleetCounters
+from store.cli.simulate.progress import Progress
+from store.cli.simulate.reference import differences, fakeredis_with_lua, reference_run
+from store.cli.simulate.replica import TIMED_OPERATIONS, ReplicaStats, Timing
 from store.errors import ConfigurationError, StoreConnectionError
+from store.io.connect import client_from_url
 from store.keys import KeySpace
 from store.replicas import ReplicaRegistry
-from store.simulation import model
-from store.simulation.fleet import Delivery, Fleet, FleetCounters
-from store.simulation.progress import Progress
-from store.simulation.reference import differences, fakeredis_with_lua, reference_run
-from store.simulation.replica import TIMED_OPERATIONS, ReplicaStats, Timing
 from store.store import RequestStore
 
 CONNECT_TIMEOUT = 5.0

@@ -6,15 +6,15 @@ import argparse
 import sys
 from typing import Any
 
-from store.cli import add_common_options
-from store.simulation.harness import (
+from store.cli.main import add_common_options
+from store.cli.simulate.harness import (
     SimulationConfig,
     default_namespace,
     redacted,
     simulate,
     summary_lines,
 )
-from store.simulation.reference import SimulationError
+from store.cli.simulate.reference import SimulationError
 
 
 def add_parser(subparsers: Any) -> None:

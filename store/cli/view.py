@@ -18,9 +18,9 @@ import msgspec
 
 from mstar.conductor.request_info import PartitionState, StreamingConnectionState
 from mstar.engine.resources import PublishedKVInfo, PublishedPositionInfo
-from store.cli import add_common_options, open_store
+from store.cli.main import add_common_options, open_store
+from store.codec.kinds import POLYMORPHIC_BASES, KindRegistry
 from store.errors import CorruptRecordError, RequestNotFound
-from store.kinds import POLYMORPHIC_BASES, KindRegistry
 from store.records import Lease, RequestState
 
 # Shown in the request's header or as sections of their own, not as record fields.

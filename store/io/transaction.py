@@ -19,7 +19,7 @@ import redis
 
 from store.backoff import RetryPolicy
 from store.errors import StoreConnectionError, TransactionConflictError
-from store.wire import (
+from store.io.wire import (
     MAX_CONNECTION_FAILURES,
     Command,
     Moved,

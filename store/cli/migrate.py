@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from store import cli
+from store.cli import main as cli
 from store.migrate import MigrationReport, migrate_namespace
 from store.schema import SCHEMA_VERSION
 

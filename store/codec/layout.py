@@ -24,7 +24,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
-from store.codec import Codec
+from store.codec.values import Codec
 from store.errors import CorruptRecordError, StoreError, ValidationError
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import msgspec
 
+from store.cli.simulate import model
+from store.cli.simulate.replica import Replica, SimKeys, Timing, decode_dispatch, ingest
 from store.errors import ConfigurationError
 from store.records import RequestState
-from store.simulation import model
-from store.simulation.replica import Replica, SimKeys, Timing, decode_dispatch, ingest
 from store.store import RequestStore
 
 # Fields that differ between runs by nature: when the request was created and finished.

@@ -34,7 +34,7 @@ from mstar.engine.resources import (
     PublishedKVInfo,
     PublishedPositionInfo,
 )
-from store.codec import Codec
+from store.codec.values import Codec
 from store.errors import (
     CorruptRecordError,
     PayloadTooLargeError,

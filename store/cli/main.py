@@ -17,17 +17,17 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from store.connect import client_from_url
 from store.errors import ConfigurationError, StoreError
+from store.io.connect import client_from_url
 from store.store import RequestStore
 
 # Imported by name when the parser is built, so that command modules can import this one.
 COMMAND_MODULES = (
-    "store.demo",
-    "store.view",
-    "store.cli_migrate",
-    "store.cli_replicas",
-    "store.simulation.cli",
+    "store.cli.demo",
+    "store.cli.view",
+    "store.cli.migrate",
+    "store.cli.replicas",
+    "store.cli.simulate.command",
 )
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -24,11 +24,9 @@ from typing import Any, TextIO
 import msgspec
 
 import store as store_package
-from store.errors import NotFoundError
-from store.replicas import ReplicaRegistry
-from store.simulation import model
-from store.simulation.reference import SimulationError, canonical
-from store.simulation.replica import (
+from store.cli.simulate import model
+from store.cli.simulate.reference import SimulationError, canonical
+from store.cli.simulate.replica import (
     ReplicaConfig,
     ReplicaStats,
     SimKeys,
@@ -37,9 +35,11 @@ from store.simulation.replica import (
     encode_report,
     ingest,
 )
+from store.errors import NotFoundError
+from store.replicas import ReplicaRegistry
 from store.store import RequestStore
 
-REPLICA_MODULE = "store.simulation.replica"
+REPLICA_MODULE = "store.cli.simulate.replica"
 STOP_GRACE = 5.0  # seconds a replica gets to flush its stats after SIGTERM
 
 
