@@ -25,6 +25,7 @@ from store.errors import (
     ValidationError,
 )
 from store.keys import KeySpace
+from store.ops.calls import Reconnect
 from store.records import Lease, ReportOutcome, RequestRecord, RequestState
 from store.replicas import ReplicaRegistry
 from store.store import RequestStore
@@ -42,6 +43,7 @@ __all__ = [
     "NotFoundError",
     "PartitionNotFound",
     "PayloadTooLargeError",
+    "Reconnect",
     "ReplicaRegistry",
     "ReportOutcome",
     "RequestExistsError",

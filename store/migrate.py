@@ -24,6 +24,7 @@ from typing import Any
 
 from store.backoff import RetryPolicy
 from store.errors import StoreConnectionError, StoreError, ValidationError
+from store.io.sync import SyncExecutor
 from store.keys import KeySpace, validate_request_id
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
 from store.upgrade import parse_version, upgrade_stored
@@ -173,7 +174,9 @@ def _migrate_batch(
             if parse_version(raw, request_id=rid, key=key) == SCHEMA_VERSION:
                 report.current += 1
                 continue
-            outcome = upgrade_stored(client, keys, rid, [key], policy, dry_run=dry_run)
+            outcome = SyncExecutor(client).run(
+                upgrade_stored(keys, rid, [key], policy, dry_run=dry_run)
+            )
         except StoreConnectionError:
             raise
         except StoreError as e:  # corrupt, newer than this code, or kept changing
@@ -196,8 +199,9 @@ def _topology(meta: Mapping[bytes, bytes]) -> tuple[list[str], list[str]]:
 
 def _str_list(meta: Mapping[bytes, bytes], name: str) -> list[str]:
     raw = meta.get(name.encode(), b"0")
-    if not raw.isdigit():
-        raise ValueError(f"{name} length {raw[:20]!r} is not a number")
+    if not raw.isdigit() or len(raw) > 9 or int(raw) > len(meta):
+        # More elements than the hash has fields cannot be right: never count that far.
+        raise ValueError(f"{name} length {raw[:20]!r} is not a number of the fields held")
     out = []
     for i in range(int(raw)):
         item = meta.get(f"{name}[{i}]".encode())

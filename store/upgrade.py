@@ -10,6 +10,7 @@ the same transaction for every record of a namespace.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +19,13 @@ import migrations
 from migrations import RawRecord, RecordKind
 from store.backoff import RetryPolicy
 from store.errors import ConfigurationError, CorruptRecordError, SchemaVersionError, StoreError
-from store.io.transaction import Plan, optimistic
-from store.io.wire import Command, hash_reply
 from store.keys import KeySpace
+from store.ops.calls import DEFAULT_RECONNECT, Reconnect, hash_reply
+from store.ops.effects import Command, Op
+from store.ops.transaction import Plan, optimistic
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
+
+log = logging.getLogger(__name__)
 
 if migrations.LATEST_VERSION != SCHEMA_VERSION:  # a bump without its step, or the reverse
     raise ConfigurationError(
@@ -123,14 +127,14 @@ class UpgradeOutcome:
 
 
 def upgrade_stored(
-    client: Any,
     keys: KeySpace,
     request_id: str,
     record_keys: Sequence[str],
     policy: RetryPolicy,
     *,
     dry_run: bool = False,
-) -> UpgradeOutcome:
+    reconnect: Reconnect = DEFAULT_RECONNECT,
+) -> Op[UpgradeOutcome]:
     """Rewrite each outdated record among ``record_keys`` whole at the current version.
 
     One optimistic transaction over all of them (they are one request's, in one slot): it
@@ -177,8 +181,11 @@ def upgrade_stored(
                     writes.append(("HSET", pub, *_flat(published)))
         return Plan([] if dry_run else writes, outcome)
 
-    result = optimistic(client, watch, reads, body, policy, request_id=request_id)
+    where = {"request_id": request_id}
+    result = yield from optimistic(watch, reads, body, policy, where, reconnect=reconnect)
     assert result.result is not None
+    if result.result.upgraded and not dry_run:
+        log.info("upgraded %s to schema v%d", ", ".join(result.result.upgraded), SCHEMA_VERSION)
     return result.result
 
 

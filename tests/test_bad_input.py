@@ -31,6 +31,7 @@ from store import (
     ConfigurationError,
     CorruptRecordError,
     PayloadTooLargeError,
+    Reconnect,
     RequestStore,
     SchemaVersionError,
     StoreConnectionError,
@@ -657,6 +658,8 @@ def _closed_port() -> int:
     return port
 
 
+BRIEF = Reconnect(give_up_after=0.3)  # a dead server on purpose: give up soon
+
 UNREACHABLE_CALLS = [
     ("create", lambda st: create(st)),
     ("load_request", lambda st: st.load_request(RID)),
@@ -671,7 +674,7 @@ UNREACHABLE_CALLS = [
 )
 def test_unreachable_redis(call: Any) -> None:
     client = redis.Redis(port=_closed_port(), socket_connect_timeout=0.2, retry=no_retry())
-    store = RequestStore(client, namespace="t-unreachable")
+    store = RequestStore(client, namespace="t-unreachable", reconnect=BRIEF)
     with pytest.raises(StoreConnectionError, match="unreachable") as info:
         call(store)
     assert isinstance(info.value.__cause__, redis.ConnectionError)
@@ -683,6 +686,6 @@ def test_unreachable_redis_with_redis_py_default_retries() -> None:
     """redis-py retries connects on its own; the store still gives up, with its own error."""
     client = redis.Redis(port=_closed_port(), socket_connect_timeout=0.2)
     with pytest.raises(StoreConnectionError) as info:
-        RequestStore(client, namespace="t-unreachable").load_request(RID)
+        RequestStore(client, namespace="t-unreachable", reconnect=BRIEF).load_request(RID)
     assert info.value.request_id == RID
     client.close()

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-import store.io.wire
+import store.io.sync
 from store.cli.simulate import model, replica
 from store.cli.simulate.fleet import Delivery, Fleet
 from store.cli.simulate.reference import canonical, reference_run
@@ -83,7 +83,7 @@ def _stop_after_advance(signal_parent: Callable[[str], Any]) -> None:
 
 
 def _stop_inside_merge(signal_parent: Callable[[str], Any]) -> None:
-    original = store.io.wire.round_trip
+    original = store.io.sync.round_trip
     marker = f"/{model.LLM}/{CRASH_PASS}/"
 
     def round_trip(conn: Any, commands: Any) -> list[Any]:
@@ -100,7 +100,7 @@ def _stop_inside_merge(signal_parent: Callable[[str], Any]) -> None:
             time.sleep(WAIT)
         return original(conn, commands)
 
-    store.io.wire.round_trip = round_trip
+    store.io.sync.round_trip = round_trip
 
 
 def _pause_before_advance(signal_parent: Callable[[str], Any]) -> None:

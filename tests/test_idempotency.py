@@ -21,7 +21,7 @@ from mstar.conductor.request_info import (
     StreamingConnectionState,
 )
 from store import Codec, RequestExistsError, RequestStore
-from store.io import transaction
+from store.io import sync as transaction
 from tests.servers import RedisServer
 from tests.strategies import SumInfo, user_registry
 

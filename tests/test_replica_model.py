@@ -35,7 +35,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-import store.store as store_module
+import store.ops.core
+import store.ops.leases
+import store.ops.lifecycle
+import store.ops.reports
 from mstar.conductor.request_info import (
     CurrentForwardConductorMetadata,
     PartitionDefinition,
@@ -221,8 +224,12 @@ class ReplicaMachine(RuleBasedStateMachine):
     def __init__(self, real_client: redis.Redis | None = None) -> None:
         super().__init__()
         self.clock = Clock()
-        self._clock_patch = mock.patch.object(store_module, "time", self.clock)
-        self._clock_patch.start()
+        self._clock_patches = [
+            mock.patch.object(module, "time", self.clock)
+            for module in (store.ops.core, store.ops.leases, store.ops.lifecycle, store.ops.reports)
+        ]
+        for patch in self._clock_patches:
+            patch.start()
         self.namespace = f"t-replicas-{uuid.uuid4().hex[:12]}"
         self.real_client = real_client
         if real_client is None:
@@ -245,7 +252,8 @@ class ReplicaMachine(RuleBasedStateMachine):
         self._op_ids = itertools.count()
 
     def teardown(self) -> None:
-        self._clock_patch.stop()
+        for patch in self._clock_patches:
+            patch.stop()
         if self.real_client is not None:
             delete_namespace(self.real_client, self.namespace)
 

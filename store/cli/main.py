@@ -19,6 +19,7 @@ from typing import Any
 
 from store.errors import ConfigurationError, StoreError
 from store.io.connect import client_from_url
+from store.ops.calls import Reconnect
 from store.store import RequestStore
 
 # Imported by name when the parser is built, so that command modules can import this one.
@@ -33,6 +34,8 @@ COMMAND_MODULES = (
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_NAMESPACE = "mstar"
 CONNECT_TIMEOUT = 5.0
+# Someone waits at the terminal: say that Redis is down after a second, not after five.
+CLI_RECONNECT = Reconnect(give_up_after=1.0)
 _NO_EMBEDDED = (
     "the embedded Redis needs {missing}, which is not installed: "
     "`pip install 'mstar-conductor-store[demo]'` (or '[test]'), or pass --redis-url"
@@ -87,7 +90,7 @@ def open_store(args: argparse.Namespace) -> Iterator[RequestStore]:
     """A store on ``make_client(args)`` in ``args.namespace``; the client is closed after."""
     client = make_client(args)
     try:
-        yield RequestStore(client, namespace=args.namespace)
+        yield RequestStore(client, namespace=args.namespace, reconnect=CLI_RECONNECT)
     finally:
         client.close()
 

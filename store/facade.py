@@ -1,0 +1,101 @@
+"""How a store method is one operation of ``store.ops`` run by the store's executor.
+
+An operation is written once, as a generator of effects taking the store's ``Core`` first.
+``sync_method(op)`` makes it a method of a sync store (it returns the result) and
+``async_method(op)`` a method of an async store (it returns an awaitable): same name,
+arguments, docstring, result and errors, so the two stores cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Coroutine
+from types import MethodType
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+
+from store.ops.core import Core
+from store.ops.effects import Op
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Facade:
+    """A store: its ``Core`` and the executor that runs its operations."""
+
+    _core: Core
+    _executor: Any
+
+
+def _present(function: Callable[..., Any], op: Callable[..., Any]) -> None:
+    """Give ``function`` the operation's name and docs, and its signature with ``self``
+    (the store) in place of ``core``."""
+    functools.update_wrapper(function, op)
+    signature = inspect.signature(op)
+    parameters = list(signature.parameters.values())
+    parameters[0] = parameters[0].replace(name="self", annotation=inspect.Parameter.empty)
+    returns = signature.return_annotation
+    if isinstance(returns, str) and returns.startswith("Op[") and returns.endswith("]"):
+        returns = returns[3:-1]  # what the caller gets: the operation's result
+    function.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=parameters, return_annotation=returns
+    )
+
+
+class sync_method(Generic[P, T]):
+    """A sync store's method running operation ``op``; binds like any method."""
+
+    def __init__(self, op: Callable[Concatenate[Core, P], Op[T]]) -> None:
+        def function(store: Facade, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            run: Callable[[Op[T]], T] = store._executor.run
+            return run(op(store._core, *args, **kwargs))
+
+        _present(function, op)
+        self.function = function
+        _present(self, op)
+
+    @overload
+    def __get__(self, store: None, owner: type) -> sync_method[P, T]: ...
+
+    @overload
+    def __get__(self, store: Facade, owner: type) -> Callable[P, T]: ...
+
+    def __get__(self, store: Facade | None, owner: type) -> Any:
+        if store is None:
+            return self
+        return MethodType(self.function, store)
+
+    def __call__(self, store: Facade, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``RequestStore.method(store, ...)``, as for any method."""
+        return self.function(store, *args, **kwargs)
+
+
+class async_method(Generic[P, T]):
+    """An async store's method running operation ``op``; binds like any method."""
+
+    def __init__(self, op: Callable[Concatenate[Core, P], Op[T]]) -> None:
+        async def function(store: Facade, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            run: Callable[[Op[T]], Coroutine[Any, Any, T]] = store._executor.run
+            return await run(op(store._core, *args, **kwargs))
+
+        _present(function, op)
+        self.function = function
+        _present(self, op)
+
+    @overload
+    def __get__(self, store: None, owner: type) -> async_method[P, T]: ...
+
+    @overload
+    def __get__(self, store: Facade, owner: type) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    def __get__(self, store: Facade | None, owner: type) -> Any:
+        if store is None:
+            return self
+        return MethodType(self.function, store)
+
+    def __call__(
+        self, store: Facade, /, *args: P.args, **kwargs: P.kwargs
+    ) -> Coroutine[Any, Any, T]:
+        """``AsyncRequestStore.method(store, ...)``, as for any method."""
+        return self.function(store, *args, **kwargs)

@@ -1,0 +1,262 @@
+"""Runs operations on a redis-py client: single server, Sentinel or Cluster.
+
+Each ``Send`` takes a pooled connection to the server that owns its key, writes all its
+commands at once and reads every reply. A connection that failed, or may have been left
+mid-reply, is closed rather than given back in use; a held WATCH connection is closed when
+its operation ends without committing or unwatching.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn, TypeVar
+
+from redis import exceptions as rex
+from redis.cluster import RedisCluster
+
+from store.errors import ConfigurationError
+from store.io.wire import error_reply, io_failure, pack, reply_value, with_asking
+from store.ops.effects import (
+    Command,
+    Commit,
+    Disconnected,
+    Op,
+    Send,
+    SendMany,
+    Sleep,
+    Unwatch,
+    Watch,
+)
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def check_client(client: Any) -> None:
+    kwargs: dict[str, Any] = getattr(client, "get_connection_kwargs", dict)()
+    if kwargs.get("decode_responses"):
+        raise ConfigurationError("the store needs a client with decode_responses=False")
+
+
+def round_trip(conn: Any, commands: list[Command] | tuple[Command, ...] | Any) -> list[Any]:
+    """Send ``commands`` in one write and read every reply; error replies come back as values."""
+    conn.send_packed_command(pack(conn, commands))
+    replies: list[Any] = []
+    for command in commands:
+        try:
+            reply = conn.read_response()
+        except rex.ResponseError as e:
+            replies.append(error_reply(e))
+        else:
+            replies.append(reply_value(reply, command))
+    return replies
+
+
+class _Endpoint:
+    """A pool of connections to one server, and how to name that server in errors."""
+
+    __slots__ = ("address", "pool")
+
+    def __init__(self, pool: Any, address: str) -> None:
+        self.pool = pool
+        self.address = address
+
+
+class SyncExecutor:
+    """Performs the effects of operations (``store.ops.effects``) with redis-py."""
+
+    def __init__(self, client: Any) -> None:
+        check_client(client)
+        self.client = client
+        self.cluster = isinstance(client, RedisCluster)
+        if not self.cluster:
+            self._single = _Endpoint(client.connection_pool, _address(client.connection_pool))
+
+    def run(self, op: Op[T]) -> T:
+        """Drive ``op`` to its result, performing each effect it yields."""
+        held: tuple[_Endpoint, Any] | None = None  # the connection of a pending WATCH
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            while True:
+                try:
+                    effect = op.send(value) if error is None else op.throw(error)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                error = None
+                try:
+                    if isinstance(effect, Send):
+                        value = self._send(effect)
+                    elif isinstance(effect, SendMany):
+                        value = self._send_many(effect.sends)
+                    elif isinstance(effect, Watch):
+                        held = self._take(effect.key, None)
+                        value = self._exchange(held, effect.commands)
+                    elif isinstance(effect, (Commit, Unwatch)):
+                        taken, held = held, None
+                        value = None
+                        if taken is not None:
+                            try:
+                                commands = (
+                                    effect.commands
+                                    if isinstance(effect, Commit)
+                                    else [("UNWATCH",)]
+                                )
+                                value = self._exchange(taken, commands)
+                            finally:
+                                taken[0].pool.release(taken[1])
+                    elif isinstance(effect, Sleep):
+                        time.sleep(effect.seconds)
+                        value = None
+                    else:
+                        self._refresh()
+                        value = None
+                except Disconnected as e:
+                    if held is not None:
+                        held[0].pool.release(held[1])  # closed by _exchange or never used
+                        held = None
+                    error = e
+        finally:
+            if held is not None:  # the operation ended with a WATCH pending: do not reuse
+                held[1].disconnect()
+                held[0].pool.release(held[1])
+
+    # -- connections ---------------------------------------------------------------------
+
+    def _endpoint(self, key: str, node: tuple[str, int] | None) -> _Endpoint:
+        if not self.cluster:
+            return self._single
+        client = self.client
+        try:
+            if node is not None:
+                found = client.get_node(host=node[0], port=node[1])
+            else:
+                found = client.get_node_from_key(key)
+        except Exception as e:
+            _raise_mapped(e, "Redis Cluster")
+        if found is None or found.redis_connection is None:
+            raise Disconnected(f"cluster node {node or key!r} is not known yet")
+        return _Endpoint(found.redis_connection.connection_pool, f"{found.host}:{found.port}")
+
+    def _take(self, key: str, node: tuple[str, int] | None) -> tuple[_Endpoint, Any]:
+        return self._connect(self._endpoint(key, node))
+
+    @staticmethod
+    def _connect(endpoint: _Endpoint) -> tuple[_Endpoint, Any]:
+        try:
+            conn = endpoint.pool.get_connection()  # redis-py connects here
+        except Exception as e:
+            _raise_mapped(e, endpoint.address)
+        return endpoint, conn
+
+    @staticmethod
+    def _exchange(held: tuple[_Endpoint, Any], commands: Any) -> list[Any]:
+        """One round trip on a taken connection; a failure closes it (the caller gives
+        it back)."""
+        try:
+            return round_trip(held[1], commands)
+        except BaseException as e:
+            held[1].disconnect()
+            _raise_mapped(e, held[0].address)
+
+    def _send(self, send: Send) -> list[Any]:
+        held = self._take(send.key, send.node)
+        try:
+            replies = self._exchange(held, with_asking(send.commands, send.asking))
+        finally:
+            held[0].pool.release(held[1])
+        return replies[1:] if send.asking else replies
+
+    def _send_many(self, sends: Sequence[Send]) -> list[Any]:
+        """One write per server, all written before any is read; a server that fails
+        fails only its own sends (their entries are the ``Disconnected`` met)."""
+        results: list[Any] = [None] * len(sends)
+        groups: dict[int, tuple[_Endpoint, list[int]]] = {}
+        for i, send in enumerate(sends):
+            try:
+                endpoint = self._endpoint(send.key, send.node)
+            except Disconnected as e:
+                results[i] = e
+                continue
+            groups.setdefault(id(endpoint.pool), (endpoint, []))[1].append(i)
+        taken: list[tuple[_Endpoint, Any]] = []
+        written: list[tuple[tuple[_Endpoint, Any], list[int]]] = []
+        try:
+            for endpoint, members in groups.values():
+                commands = [
+                    c for i in members for c in with_asking(sends[i].commands, sends[i].asking)
+                ]
+                try:
+                    held = self._connect(endpoint)
+                    taken.append(held)
+                    _write(held, commands)
+                    written.append((held, members))
+                except Disconnected as e:
+                    for i in members:
+                        results[i] = e
+            for held, members in written:
+                for n, i in enumerate(members):
+                    try:
+                        results[i] = _read(held, sends[i])
+                    except Disconnected as e:
+                        for j in members[n:]:
+                            results[j] = e
+                        break
+        finally:
+            for endpoint, conn in taken:
+                endpoint.pool.release(conn)
+        return results
+
+    def _refresh(self) -> None:
+        if not self.cluster:
+            return
+        try:
+            self.client.nodes_manager.initialize()
+        except Exception as e:  # every node unreachable: the next send says so
+            log.debug("cluster slot refresh failed: %s", e)
+
+
+def _write(held: tuple[_Endpoint, Any], commands: Sequence[Command]) -> None:
+    try:
+        held[1].send_packed_command(pack(held[1], commands))
+    except BaseException as e:
+        held[1].disconnect()
+        _raise_mapped(e, held[0].address)
+
+
+def _read(held: tuple[_Endpoint, Any], send: Send) -> list[Any]:
+    """The replies of one send among those written on ``held``."""
+    conn = held[1]
+    replies: list[Any] = []
+    try:
+        for command in with_asking(send.commands, send.asking):
+            try:
+                reply = conn.read_response()
+            except rex.ResponseError as e:
+                replies.append(error_reply(e))
+            else:
+                replies.append(reply_value(reply, command))
+    except BaseException as e:
+        conn.disconnect()
+        _raise_mapped(e, held[0].address)
+    return replies[1:] if send.asking else replies
+
+
+def _raise_mapped(error: BaseException, where: str) -> NoReturn:
+    """Raise what ``error`` becomes (``store.io.wire.io_failure``); itself if no redis error."""
+    failure = io_failure(error, where)
+    if failure is error:
+        raise error
+    raise failure from error
+
+
+def _address(pool: Any) -> str:
+    kwargs = getattr(pool, "connection_kwargs", {})
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    service = getattr(pool, "service_name", None)
+    if service:
+        return f"sentinel service {service!r}"
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"

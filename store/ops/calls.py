@@ -1,0 +1,198 @@
+"""Sending commands and scripts: redirects, reconnects and missing scripts, written once.
+
+``send`` delivers commands to the server that owns a key and comes back with their replies,
+following a cluster's MOVED and ASK redirects, pausing on transient refusals (TRYAGAIN,
+LOADING, a failover in progress) and reconnecting after a lost connection, with backoff and
+a fresh slot map, for a bounded time. A command sent again after a lost connection may have
+been applied the first time: callers send only idempotent or guarded commands this way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from store.errors import StoreConnectionError, StoreError
+from store.ops.effects import (
+    Command,
+    Disconnected,
+    ErrorReply,
+    Op,
+    RefreshSlots,
+    Send,
+    Sleep,
+)
+
+Where = Mapping[str, "str | None"]
+
+
+@dataclass(frozen=True)
+class Reconnect:
+    """How long a call keeps trying to reach a server that fails or is in transition.
+
+    Pauses grow from ``first_pause`` by doubling up to ``max_pause``; the call gives up
+    (``StoreConnectionError``) once ``give_up_after`` seconds have passed since its first
+    failure, however long each try took (redis-py may retry a connect itself). The default
+    rides through a Sentinel or Cluster failover of a few seconds.
+    """
+
+    first_pause: float = 0.05
+    max_pause: float = 1.0
+    give_up_after: float = 5.0
+    max_redirects: int = 16
+
+    def patience(self) -> Patience:
+        return Patience(self)
+
+
+class Patience:
+    """The pauses of one call between its failed tries (the only clock an operation reads)."""
+
+    def __init__(self, policy: Reconnect) -> None:
+        self.policy = policy
+        self._first_failure: float | None = None
+        self._pause = policy.first_pause
+
+    def next_pause(self) -> float | None:
+        """Seconds to wait before the next try, or None: give up."""
+        now = time.monotonic()
+        if self._first_failure is None:
+            self._first_failure = now
+        left = self.policy.give_up_after - (now - self._first_failure)
+        if left <= 0:
+            return None
+        pause = min(self._pause, left)
+        self._pause = min(self.policy.max_pause, self._pause * 2)
+        return pause
+
+
+DEFAULT_RECONNECT = Reconnect()
+
+
+@dataclass
+class Scripts:
+    """The store's Lua scripts by name: their source and SHA1 (what EVALSHA names)."""
+
+    sources: Mapping[str, str]
+    shas: dict[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.shas = {
+            name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
+            for name, src in self.sources.items()
+        }
+
+
+def send(
+    key: str,
+    commands: Sequence[Command],
+    where: Where,
+    reconnect: Reconnect = DEFAULT_RECONNECT,
+) -> Op[list[Any]]:
+    """The replies of ``commands`` sent in one write to ``key``'s server; see the module."""
+    patience = reconnect.patience()
+    redirects = 0
+    node: tuple[str, int] | None = None
+    asking = False
+    while True:
+        try:
+            replies: list[Any] = yield Send(key, commands, node, asking)
+        except Disconnected as e:
+            pause = patience.next_pause()
+            if pause is None:
+                raise StoreConnectionError(
+                    f"Redis unreachable for {reconnect.give_up_after:g} s: {e}", **where
+                ) from (e.__cause__ or e)
+            yield Sleep(pause)
+            yield RefreshSlots()  # a cluster node that died may have a promoted replica
+            node, asking = None, False
+            continue
+        refusal = _redirect_or_pause(replies)
+        if refusal is None:
+            return replies
+        redirects += 1
+        if refusal.kind == "ASK":
+            node, asking = refusal.node, True
+        elif refusal.kind == "MOVED":
+            node, asking = None, False
+            yield RefreshSlots()
+        else:  # transient: wait for the server or the cluster to settle
+            pause = patience.next_pause()
+            if pause is None:
+                raise StoreConnectionError(
+                    f"Redis kept refusing for {reconnect.give_up_after:g} s: {refusal.message}",
+                    **where,
+                )
+            yield Sleep(pause)
+            node, asking = None, False
+            if refusal.kind in ("CLUSTERDOWN", "READONLY", "MASTERDOWN"):
+                yield RefreshSlots()
+            continue
+        if redirects > reconnect.max_redirects:
+            raise StoreError(f"the cluster kept redirecting: {refusal.message}", **where)
+
+
+def _redirect_or_pause(replies: Sequence[Any]) -> ErrorReply | None:
+    """The first reply that asks for the command elsewhere or later, if any."""
+    for reply in replies:
+        if isinstance(reply, ErrorReply):
+            if reply.kind in ("MOVED", "ASK") or reply.transient:
+                return reply
+        elif type(reply) is list and reply and isinstance(reply[0], ErrorReply):
+            # An EXEC's replies: a script that met a moved slot or a busy server fails there.
+            found = _redirect_or_pause(reply)
+            if found is not None:
+                return found
+    return None
+
+
+def raise_error_replies(replies: Sequence[Any], where: Where) -> None:
+    for reply in replies:
+        if isinstance(reply, ErrorReply):
+            raise StoreError(f"Redis refused a command: {reply.message}", **where)
+
+
+def script(
+    scripts: Scripts,
+    name: str,
+    keys: Sequence[str],
+    args: Sequence[Any],
+    where: Where,
+    reads: Sequence[Command] = (),
+    reconnect: Reconnect = DEFAULT_RECONNECT,
+) -> Op[list[Any]]:
+    """Run script ``name`` by EVALSHA (loading it if the server lacks it); its reply, then
+    the replies of ``reads`` run right after it in the same MULTI..EXEC, atomically.
+
+    A read outside the script costs the server far less than the same read inside Lua.
+    """
+    call: Command = ("EVALSHA", scripts.shas[name], len(keys), *keys, *args)
+    for loaded in (False, True):
+        if loaded:
+            call = ("EVAL", scripts.sources[name], *call[2:])
+        if reads:
+            replies = yield from send(
+                keys[0], [("MULTI",), call, *reads, ("EXEC",)], where, reconnect
+            )
+            raise_error_replies(replies[:-1], where)  # a queueing error (wrong arity, say)
+            results = replies[-1]
+            if not isinstance(results, list):
+                raise StoreError(f"MULTI..EXEC did not run: {results!r}", **where)
+        else:
+            results = yield from send(keys[0], [call], where, reconnect)
+        first = results[0]
+        if isinstance(first, ErrorReply) and first.kind == "NOSCRIPT":
+            continue  # the server was restarted or flushed its script cache
+        raise_error_replies(results, where)
+        return results
+    raise StoreError(f"Redis does not keep script {name!r} after loading it", **where)
+
+
+def hash_reply(reply: Any) -> dict[bytes, bytes]:
+    """A raw HGETALL reply as a dict: flat in RESP2, already paired in RESP3 (and fakeredis)."""
+    if isinstance(reply, dict):
+        return reply
+    return dict(zip(reply[::2], reply[1::2], strict=True))

@@ -1,0 +1,339 @@
+"""What every operation shares: the store's settings, layouts, scripts and small caches.
+
+``Core`` holds no connection and does no I/O. Its helpers that need Redis (running a
+script and turning its status into a typed error, reading hashes, learning a request's
+topology) are operations themselves: generators of effects, like every public operation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from migrations import RecordKind
+from mstar.conductor.request_info import PartitionState, StreamingConnectionState
+from mstar.engine.resources import PublishedInfo
+from store import scripts as script_files
+from store.backoff import RetryPolicy
+from store.codec import Codec
+from store.codec.layout import RecordLayout
+from store.codec.published import PublishLayout, check_label
+from store.errors import (
+    ConfigurationError,
+    ConnectionNotFound,
+    CorruptRecordError,
+    FencedError,
+    PartitionNotFound,
+    RequestNotFound,
+    StoreError,
+)
+from store.keys import KeySpace
+from store.ops.calls import DEFAULT_RECONNECT, Reconnect, Scripts, Where, script, send
+from store.ops.effects import Command, Op
+from store.records import Lease, RequestRecord
+from store.schema import SCHEMA_VERSION
+from store.upgrade import RecordOutdated, parse_version, to_current, upgrade_stored
+
+SCRIPT_NAMES = (
+    "create_request",
+    "apply_report",
+    "advance_partition",
+    "add_tokens",
+    "raise_field",
+    "update_fields",
+    "load_hashes",
+    "claim_step",
+    "release_lease",
+    "renew_lease",
+    "merge_parts",
+)
+VERSION = str(SCHEMA_VERSION).encode()
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A request's partitions and streaming connections, as created."""
+
+    partitions: tuple[str, ...]
+    connections: tuple[str, ...]
+
+    def outgoing(self, partition: str) -> tuple[str, ...]:
+        return self._ends[0].get(partition, ())
+
+    def incoming(self, partition: str) -> tuple[str, ...]:
+        return self._ends[1].get(partition, ())
+
+    @cached_property
+    def _ends(self) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+        out: dict[str, tuple[str, ...]] = {}
+        into: dict[str, tuple[str, ...]] = {}
+        for conn in self.connections:
+            source, target = conn.split("->")
+            out[source] = (*out.get(source, ()), conn)
+            into[target] = (*into.get(target, ()), conn)
+        return out, into
+
+
+@dataclass
+class StoreStats:
+    """Counters of merges: optimistic transactions (with their tries) and server-side merges."""
+
+    transactions: int = 0
+    attempts: int = 0
+    server_merges: int = 0
+
+    @property
+    def retries(self) -> int:
+        return self.attempts - self.transactions
+
+    @property
+    def merges(self) -> int:
+        """Merges committed, by either path."""
+        return self.transactions + self.server_merges
+
+
+@dataclass
+class Settings:
+    """The store's settings, checked once."""
+
+    namespace: str = "mstar"
+    codec: Codec = field(default_factory=Codec)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    dedupe_window: float = 3600.0
+    lease_ttl: float = 10.0
+    topology_cache_size: int = 4096
+    reconnect: Reconnect = DEFAULT_RECONNECT
+
+    def __post_init__(self) -> None:
+        if self.dedupe_window <= 0 or self.lease_ttl <= 0:
+            raise ConfigurationError("dedupe_window and lease_ttl must be positive")
+        if self.topology_cache_size < 0:
+            raise ConfigurationError("topology_cache_size must be >= 0")
+
+
+SETTING_NAMES = ("codec", "retry", "dedupe_window", "lease_ttl", "topology_cache_size", "reconnect")
+
+
+class Core:
+    """One store's settings, layouts, scripts and caches, shared by its operations."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.keys = KeySpace(settings.namespace)
+        self.codec = settings.codec
+        self.retry = settings.retry
+        self.lease_ttl = settings.lease_ttl
+        self.dedupe_window = settings.dedupe_window
+        self.reconnect = settings.reconnect
+        self.stats = StoreStats()
+        self.partition_layout = RecordLayout(
+            PartitionState, self.codec, exclude=("resource_publish_info",)
+        )
+        self.connection_layout = RecordLayout(StreamingConnectionState, self.codec)
+        self.record_layout = RecordLayout(RequestRecord, self.codec)
+        self.published = PublishLayout(self.codec)
+        self.scripts = Scripts({name: script_files.source(name) for name in SCRIPT_NAMES})
+        self._topologies: OrderedDict[str, Topology] = OrderedDict()
+        self._op_pid, self._op_prefix, self._op_count = 0, "", itertools.count()
+
+    # -- ids ------------------------------------------------------------------------------
+
+    def new_op_id(self) -> str:
+        """A process-unique id: a random prefix per process (renewed after a fork) and a count."""
+        pid = os.getpid()
+        if pid != self._op_pid:
+            self._op_pid, self._op_prefix = pid, uuid.uuid4().hex
+        return f"{self._op_prefix}.{next(self._op_count)}"
+
+    # -- sending --------------------------------------------------------------------------
+
+    def send(self, key: str, commands: Sequence[Command], where: Where) -> Op[list[Any]]:
+        """``commands`` to ``key``'s server, with this store's reconnect policy."""
+        return send(key, commands, where, self.reconnect)
+
+    def script(
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        where: Where,
+        reads: Sequence[Command] = (),
+    ) -> Op[list[Any]]:
+        return script(self.scripts, name, keys, args, where, reads, self.reconnect)
+
+    # -- scripts --------------------------------------------------------------------------
+
+    def run(
+        self,
+        rid: str,
+        name: str,
+        keys: list[str],
+        args: list[Any],
+        missing: type[StoreError],
+        fence: Lease | None = None,
+        *,
+        reads: Sequence[Command] = (),
+        upgraded: bool = False,
+    ) -> Op[Any]:
+        """Run a script; turn its NOKEY, SCHEMA and FENCED statuses into typed errors.
+
+        A record older than the code (SCHEMA) is upgraded in Redis with the other records
+        among ``keys``, and the script runs once more. With ``reads``, returns the script's
+        reply followed by theirs (run right after it, atomically).
+        """
+        where = {"request_id": rid, "key": keys[0]}
+        replies = yield from self.script(name, keys, args, where, reads)
+        reply = replies[0]
+        status = reply[0]
+        if status == b"NOKEY":
+            key = reply[1].decode()
+            kind = ConnectionNotFound if ":conn:" in key else missing
+            yield from self.raise_not_found(rid, kind, "no such record", key=key)
+        if status == b"FENCED":
+            token = fence.token if fence else 0
+            raise FencedError(token, int(reply[1]), request_id=rid, key=self.keys.lease(rid))
+        if status == b"SCHEMA":
+            try:
+                self.check_version(rid, reply[1].decode(), reply[2])
+            except RecordOutdated:
+                if upgraded:  # old again right after its upgrade: a writer of older code
+                    raise
+                # The script stopped before its first write, so running it again is safe.
+                yield from upgrade_stored(
+                    self.keys, rid, keys, self.retry, reconnect=self.reconnect
+                )
+                result = yield from self.run(
+                    rid, name, keys, args, missing, fence, reads=reads, upgraded=True
+                )
+                return result
+            raise CorruptRecordError(  # a current version reported as outdated
+                f"script {name!r} refused schema version {reply[2]!r}", request_id=rid
+            )
+        return [list(reply), *replies[1:]] if reads else list(reply)
+
+    def raise_not_found(
+        self, rid: str, kind: type[StoreError], message: str, key: str | None = None
+    ) -> Op[None]:
+        """Raise ``kind``, or ``RequestNotFound`` when the whole request is gone."""
+        if kind is not RequestNotFound:
+            meta = self.keys.meta(rid)
+            (held,) = yield from self.send(meta, [("EXISTS", meta)], {"request_id": rid})
+            if not held:
+                kind, message = RequestNotFound, "no such request"
+        raise kind(message, request_id=rid, key=key)
+
+    def check_version(self, rid: str, key: str, raw: bytes | None) -> None:
+        """Pass a current record; raise ``RecordOutdated`` for an older one (the caller
+        upgrades it in Redis), ``SchemaVersionError`` for a newer one, corrupt otherwise."""
+        if raw == VERSION:
+            return
+        found = parse_version(raw, request_id=rid, key=key)
+        raise RecordOutdated(found, request_id=rid, key=key)
+
+    def load_hashes(self, rid: str, keys: list[str]) -> Op[list[dict[bytes, bytes]]]:
+        where = {"request_id": rid, "key": keys[0]}
+        (replies,) = yield from self.script("load_hashes", keys, [], where)
+        return [dict(zip(flat[::2], flat[1::2], strict=True)) for flat in replies]
+
+    # -- decoding -------------------------------------------------------------------------
+
+    def decode_record(self, rid: str, raw: dict[bytes, bytes]) -> RequestRecord:
+        key = self.keys.meta(rid)
+        raw, _ = to_current(RecordKind.META, raw, request_id=rid, key=key)
+        record = self.record_layout.decode(raw, request_id=rid, key=key)
+        self.remember(rid, Topology(tuple(record.partitions), tuple(record.connections)))
+        return record
+
+    def decode_partition(
+        self, rid: str, name: str, part: dict[bytes, bytes], pub: dict[bytes, bytes]
+    ) -> PartitionState:
+        key = self.keys.partition(rid, name)
+        if not part:
+            raise PartitionNotFound(f"no partition {name!r}", request_id=rid, key=key)
+        part, pub = to_current(RecordKind.PARTITION, part, pub, request_id=rid, key=key)
+        pub_key = self.keys.publish_info(rid, name)
+        infos = self.published.decode(pub, request_id=rid, key=pub_key)
+        state = self.partition_layout.decode(
+            part, extra={"resource_publish_info": infos}, request_id=rid, key=key
+        )
+        if state.partition_name != name:
+            raise CorruptRecordError(
+                f"partition stored as {name!r} is named {state.partition_name!r}",
+                request_id=rid,
+                key=key,
+                field="partition_name",
+            )
+        return state
+
+    def decode_connection(
+        self, rid: str, name: str, raw: dict[bytes, bytes]
+    ) -> StreamingConnectionState:
+        key = self.keys.connection(rid, name)
+        if not raw:
+            raise ConnectionNotFound(f"no connection {name!r}", request_id=rid, key=key)
+        raw, _ = to_current(RecordKind.CONNECTION, raw, request_id=rid, key=key)
+        return self.connection_layout.decode(raw, request_id=rid, key=key)
+
+    def encode_infos(
+        self, rid: str, key: str, infos: Mapping[str, PublishedInfo]
+    ) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for label, info in infos.items():
+            check_label(label, request_id=rid, key=key)
+            out.update(self.published.encode(label, info, request_id=rid, key=key))
+        return out
+
+    # -- topologies -----------------------------------------------------------------------
+
+    def topology(self, rid: str) -> Op[Topology]:
+        """The request's topology, from the cache or read from its record."""
+        topology = self._topologies.get(rid)
+        if topology is None:
+            topology = yield from self.load_topology(rid)
+        return topology
+
+    def load_topology(self, rid: str) -> Op[Topology]:
+        (raw,) = yield from self.load_hashes(rid, [self.keys.meta(rid)])
+        if not raw:
+            raise RequestNotFound("no such request", request_id=rid)
+        record = self.decode_record(rid, raw)
+        return Topology(tuple(record.partitions), tuple(record.connections))
+
+    def remember(self, rid: str, topology: Topology) -> None:
+        self._topologies[rid] = topology
+        self._topologies.move_to_end(rid)
+        while len(self._topologies) > self.settings.topology_cache_size:
+            self._topologies.popitem(last=False)
+
+    def forget(self, rid: str) -> None:
+        self._topologies.pop(rid, None)
+
+
+def pairs(fields: Mapping[str, bytes]) -> list[Any]:
+    """A hash's fields as the flat field, value, ... list HSET and the scripts take."""
+    out: list[Any] = []
+    for name, value in fields.items():
+        out += [name, value]
+    return out
+
+
+def deadline_member(rid: str, partition: str) -> str:
+    # Request ids hold no spaces (validated), so the first space splits the member.
+    return f"{rid} {partition}"
+
+
+def fence_args(fence: Lease | None) -> list[Any]:
+    """The (partition, token) script arguments of a fence; empty strings for none."""
+    return [fence.partition, fence.token] if fence else ["", ""]
+
+
+def window(core: Core) -> tuple[float, float]:
+    """(now, dedupe window): how long the scripts remember an applied op id."""
+    return time.time(), core.dedupe_window

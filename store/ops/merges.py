@@ -1,0 +1,183 @@
+"""``merge_publish_info``: server-side for the kinds the server can merge, else optimistic."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mstar.engine.resources import PublishedInfo
+from store.codec.published import MergedInfos, check_label
+from store.errors import (
+    PartitionNotFound,
+    RequestNotFound,
+    TransactionConflictError,
+    ValidationError,
+)
+from store.keys import validate_name, validate_request_id
+from store.ops.calls import hash_reply
+from store.ops.core import VERSION, Core, pairs, window
+from store.ops.effects import Command, Op, Sleep
+from store.ops.transaction import Outcome, Plan, optimistic
+from store.schema import VERSION_FIELD
+from store.upgrade import RecordOutdated, upgrade_stored
+
+# An optimistic merge that lost this many rounds asks server-side merges to wait CLAIM_MS.
+CLAIM_AFTER = 4
+CLAIM_MS = 200
+
+
+def merge_publish_info(
+    core: Core,
+    request_id: str,
+    partition_name: str,
+    other: Mapping[str, PublishedInfo],
+    *,
+    op_id: str | None = None,
+    returning: bool = True,
+) -> Op[Mapping[str, PublishedInfo]]:
+    """``merge_publish_info`` on the stored partition, applied once, all labels or none.
+
+    KV and position infos (exactly those types) are merged by the server in one script:
+    no WATCH, no retry, however many replicas merge at once (see store/codec/published.py).
+    Any other kind runs as an optimistic transaction: WATCH the publish-info hash (and
+    the request's meta, so a deleted request is not written to), read it, fold ``other``
+    in with each kind's own ``update``, write in MULTI/EXEC, retried with jittered
+    backoff on conflict. Returns the merged infos of the labels in ``other``, as stored
+    right after this merge (a server-side merge decodes them on first access);
+    ``returning=False`` skips reading them back and returns an empty mapping.
+    """
+    rid = validate_request_id(request_id)
+    name = validate_name(partition_name, what="partition name", request_id=rid)
+    keys = core.keys
+    pub = keys.publish_info(rid, name)
+    labels = sorted(other)
+    if not labels:
+        return {}
+    for label in labels:
+        check_label(label, request_id=rid, key=pub)
+        info = other[label]
+        if core.codec.registry.name_of(type(info)) is None:  # fail before any round trip
+            core.codec.encode_kind(info, request_id=rid, key=pub, field=label)
+    op = f"merge:{op_id or core.new_op_id()}"
+    server = core.published.server_merge(other, request_id=rid, key=pub)
+    if server is not None:
+        reads: list[Command] = [("HGETALL", pub)] if returning else []
+        merge_keys = [keys.partition(rid, name), pub, keys.ops(rid), keys.merging(rid, name)]
+        args = [VERSION, op, *window(core), *server.args]
+        for waited in range(core.retry.max_attempts):
+            reply, *read = yield from core.run(
+                rid, "merge_parts", merge_keys, args, PartitionNotFound, reads=reads
+            )
+            if reply[0] != b"BUSY":
+                break
+            yield Sleep(core.retry.delay(waited + 1))  # an optimistic merge goes first
+        else:
+            raise TransactionConflictError(core.retry.max_attempts, request_id=rid, key=pub)
+        if reply[0] != b"KIND":
+            core.stats.server_merges += 1
+            if not returning:
+                return {}
+            wanted = {label.encode() for label in labels}
+            fields = {
+                f: v for f, v in hash_reply(read[0]).items() if f.partition(b"[")[0] in wanted
+            }
+            decode = core.published.decode
+            return MergedInfos(lambda: decode(fields, request_id=rid, key=pub))
+        # A label holds another kind, or this kind stored whole: the kind's own update
+        # decides, in the optimistic path.
+    merged = yield from _merge_optimistic(core, rid, name, other, labels, op)
+    return merged if returning else {}
+
+
+def _merge_optimistic(
+    core: Core,
+    rid: str,
+    name: str,
+    other: Mapping[str, PublishedInfo],
+    labels: list[str],
+    op: str,
+) -> Op[dict[str, PublishedInfo]]:
+    keys = core.keys
+    meta, part = keys.meta(rid), keys.partition(rid, name)
+    pub, ops = keys.publish_info(rid, name), keys.ops(rid)
+    claim, token = keys.merging(rid, name), core.new_op_id()
+    claimed = False
+    now, window_seconds = window(core)
+    where = {"request_id": rid, "key": pub}
+
+    def on_retry(failed: int) -> Op[None]:
+        # Server-side merges commit far faster than a read-merge-write round: after a few
+        # lost rounds, ask them to wait (for at most CLAIM_MS) so this one gets through.
+        nonlocal claimed
+        if failed >= CLAIM_AFTER and not claimed:
+            (took,) = yield from core.send(
+                claim, [("SET", claim, token, "NX", "PX", CLAIM_MS)], where
+            )
+            claimed = took is not None
+
+    reads: list[Command] = [
+        ("HGETALL", pub),
+        ("HGET", part, VERSION_FIELD),
+        ("EXISTS", meta),
+        ("ZSCORE", ops, op),
+    ]
+
+    def body(replies: list[Any]) -> Plan[dict[str, PublishedInfo]]:
+        flat, version, request_held, seen = replies
+        if version is None:
+            if not request_held:
+                raise RequestNotFound("no such request", request_id=rid)
+            raise PartitionNotFound(f"no partition {name!r}", request_id=rid, key=part)
+        core.check_version(rid, part, version)
+        held_fields = hash_reply(flat)
+        merged = core.published.decode(held_fields, labels, request_id=rid, key=pub)
+        if seen is not None:  # this very merge committed before a lost reply
+            return Plan([], merged)
+        for label in labels:
+            held_info = merged.get(label)
+            if held_info is None:
+                merged[label] = other[label]
+                continue
+            try:
+                held_info.update(other[label])
+            except (TypeError, ValueError) as e:
+                raise ValidationError(
+                    f"cannot merge: {e}", request_id=rid, key=pub, field=label
+                ) from e
+        fields: dict[str, bytes] = {}
+        for label in labels:
+            fields.update(core.published.encode(label, merged[label], request_id=rid, key=pub))
+        # A label stored whole now that was stored in parts before loses its parts.
+        wanted = {label.encode() for label in labels}
+        written = {f.encode("utf-8", "surrogateescape") for f in fields}
+        stale = [f for f in held_fields if f.partition(b"[")[0] in wanted and f not in written]
+        writes: list[Command] = [("HSET", pub, *pairs(fields))]
+        if stale:
+            writes.append(("HDEL", pub, *stale))
+        writes += [
+            ("ZADD", ops, now, op),
+            ("ZREMRANGEBYSCORE", ops, "-inf", now - window_seconds),
+        ]
+        return Plan(writes, merged)
+
+    def run() -> Op[Outcome[dict[str, PublishedInfo]]]:
+        return optimistic([pub, meta], reads, body, core.retry, where, on_retry, core.reconnect)
+
+    try:
+        try:
+            outcome = yield from run()
+        except RecordOutdated:  # the body wrote nothing: upgrade the partition, merge again
+            yield from upgrade_stored(keys, rid, [part], core.retry, reconnect=core.reconnect)
+            outcome = yield from run()
+    except GeneratorExit:  # abandoned by its driver (a cancelled task): the claim lapses
+        raise
+    except BaseException:
+        if claimed:
+            yield from core.send(claim, [("DEL", claim)], where)
+        raise
+    if claimed:  # let server-side merges go on (it also lapses by itself)
+        yield from core.send(claim, [("DEL", claim)], where)
+    core.stats.transactions += 1
+    core.stats.attempts += outcome.attempts
+    assert outcome.result is not None
+    return outcome.result

@@ -1,0 +1,117 @@
+"""Optimistic transactions in two round trips: WATCH with the reads, then MULTI..EXEC.
+
+redis-py's ``pipeline().watch()`` spends a round trip on WATCH and one on each read; here
+WATCH and the reads go out in one write on one connection, the body computes the writes in
+Python, and MULTI, the writes and EXEC go out in the second. The body must be pure (it only
+computes from what was read), so a retry after a conflict is always safe. A connection lost
+while EXEC was in flight leaves the outcome unknown: the retry reads again, and operations
+guard against a second application themselves (see the op ids in ``store.ops``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from store.backoff import RetryPolicy
+from store.errors import StoreConnectionError, TransactionConflictError
+from store.ops.calls import DEFAULT_RECONNECT, Reconnect, Where, raise_error_replies
+from store.ops.effects import (
+    Command,
+    Commit,
+    Disconnected,
+    ErrorReply,
+    Op,
+    RefreshSlots,
+    Sleep,
+    Unwatch,
+    Watch,
+)
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Plan(Generic[T]):
+    """What a transaction body decided: the writes to commit and the result to return."""
+
+    writes: list[Command] = field(default_factory=list)
+    result: T | None = None
+
+
+@dataclass
+class Outcome(Generic[T]):
+    result: T | None
+    attempts: int
+
+
+def optimistic(
+    watch: Sequence[str],
+    reads: Sequence[Command],
+    body: Callable[[list[Any]], Plan[T]],
+    policy: RetryPolicy,
+    where: Where,
+    on_retry: Callable[[int], Op[None]] | None = None,
+    reconnect: Reconnect = DEFAULT_RECONNECT,
+) -> Op[Outcome[T]]:
+    """Run ``body`` over a consistent read of ``reads`` and commit its writes, with retries.
+
+    All keys must share one hash slot. Raises ``TransactionConflictError`` when every try met
+    a concurrent writer, ``StoreConnectionError`` when Redis stayed unreachable; either way
+    nothing of a failed try was written. ``on_retry(failed_tries)`` runs before each retry.
+    """
+    patience = reconnect.patience()
+    for attempt in range(1, policy.max_attempts + 1):
+        if attempt > 1:
+            log.debug("transaction on %s retried after %d conflicts", watch[0], attempt - 1)
+            if on_retry is not None:
+                yield from on_retry(attempt - 1)
+            yield Sleep(policy.delay(attempt - 1))
+        try:
+            replies = yield Watch(watch[0], [("WATCH", *watch), *reads])
+            if any(isinstance(r, ErrorReply) for r in replies):
+                yield Unwatch()
+                if _settling(replies):
+                    yield RefreshSlots()
+                    continue
+                raise_error_replies(replies, where)
+            try:
+                plan = body(replies[1:])
+            except BaseException:
+                yield Unwatch()
+                raise
+            if not plan.writes:
+                yield Unwatch()
+                return Outcome(plan.result, attempt)
+            replies = yield Commit([("MULTI",), *plan.writes, ("EXEC",)])
+        except Disconnected as e:
+            # The outcome of an EXEC in flight is unknown; the next try reads again.
+            pause = patience.next_pause()
+            if pause is None:
+                raise StoreConnectionError(f"Redis unreachable: {e}", **where) from (
+                    e.__cause__ or e
+                )
+            yield Sleep(pause)
+            yield RefreshSlots()
+            continue
+        committed = replies[-1]
+        if committed is None:  # a watched key changed: nothing was applied
+            continue
+        if _settling(replies):  # the slot moved between WATCH and EXEC: nothing applied
+            yield RefreshSlots()
+            continue
+        raise_error_replies(replies[:-1], where)
+        if isinstance(committed, list):
+            raise_error_replies(committed, where)
+        return Outcome(plan.result, attempt)
+    raise TransactionConflictError(policy.max_attempts, **where)
+
+
+def _settling(replies: Sequence[Any]) -> bool:
+    return any(
+        isinstance(r, ErrorReply) and (r.kind in ("MOVED", "ASK") or r.transient) for r in replies
+    )
