@@ -1,5 +1,6 @@
 """mstar-conductor-store: the M* conductor's per-request state, persistent and shared on Redis."""
 
+from store.aio import AsyncRequestStore
 from store.backoff import RetryPolicy
 from store.codec import Codec
 from store.codec.kinds import KindRegistry, default_registry, register_kind
@@ -27,10 +28,12 @@ from store.errors import (
 from store.keys import KeySpace
 from store.ops.calls import Reconnect
 from store.records import Lease, ReportOutcome, RequestRecord, RequestState
-from store.replicas import ReplicaRegistry
+from store.replicas import AsyncReplicaRegistry, ReplicaRegistry
 from store.store import RequestStore
 
 __all__ = [
+    "AsyncReplicaRegistry",
+    "AsyncRequestStore",
     "Codec",
     "ConfigurationError",
     "ConnectionNotFound",

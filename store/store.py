@@ -36,7 +36,7 @@ from typing import Any
 from store.backoff import RetryPolicy
 from store.codec import Codec
 from store.facade import Facade, sync_method
-from store.io.connect import client_from_url
+from store.io.connect import client_from_url, close_client
 from store.io.sync import SyncExecutor
 from store.keys import KeySpace
 from store.ops import fields, lifecycle, merges, reads, reports
@@ -129,7 +129,7 @@ class RequestStore(StoreSettings):
 
     def close(self) -> None:
         """Close the client's connections."""
-        self.client.close()
+        close_client(self.client)
 
     def __enter__(self) -> RequestStore:
         return self

@@ -33,6 +33,7 @@ from tests.servers import (
     no_retry,
     redis_binaries_available,
 )
+from tests.stores import Stores, stores_of
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -183,3 +184,10 @@ def tmp_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSent
         RedisSentinel(master, workdir / "sentinel") as sentinel,
     ):
         yield sentinel
+
+
+@pytest.fixture(params=["sync", "async"])
+def make_store(request: pytest.FixtureRequest) -> Iterator[Stores]:
+    """Makes stores of one kind per run of the test: ``RequestStore``, or an
+    ``AsyncRequestStore`` driven from the test's sync code (see ``tests.stores``)."""
+    yield from stores_of(request.param)

@@ -42,6 +42,7 @@ from store import (
 )
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
 from tests.servers import free_port, no_retry
+from tests.stores import Stores
 
 MD = CurrentForwardConductorMetadata("walk", True)
 CONN = "llm->codec"
@@ -78,8 +79,8 @@ def create(store: RequestStore, **partition_changes: Any) -> None:
 
 
 @pytest.fixture
-def store(client: redis.Redis, namespace: str) -> RequestStore:
-    return RequestStore(client, namespace=namespace)
+def store(client: redis.Redis, namespace: str, make_store: Stores) -> RequestStore:
+    return make_store(client, namespace=namespace)  # type: ignore[no-any-return]
 
 
 def keys_of(client: redis.Redis, namespace: str) -> list[bytes]:

@@ -31,6 +31,7 @@ from mstar.engine.resources import (
 )
 from store import Codec, CorruptRecordError, KindRegistry, RequestStore, ValidationError
 from store.schema import SCHEMA_VERSION
+from tests.stores import Stores
 from tests.strategies import STORE_SETTINGS, ScoreInfo, user_registry
 
 PREFILL = CurrentForwardConductorMetadata("prefill", True)
@@ -51,10 +52,10 @@ class TagInfo(PublishedInfo):
 
 
 @pytest.fixture
-def store(client: redis.Redis, namespace: str) -> RequestStore:
+def store(client: redis.Redis, namespace: str, make_store: Stores) -> RequestStore:
     registry = user_registry()
     registry.register(TagInfo, "test.tag")
-    return RequestStore(client, namespace=namespace, codec=Codec(registry))
+    return make_store(client, namespace=namespace, codec=Codec(registry))  # type: ignore[no-any-return]
 
 
 def create(store: RequestStore, infos: dict[str, PublishedInfo] | None = None) -> str:

@@ -35,6 +35,7 @@ from store import (
     ValidationError,
 )
 from tests import strategies as s
+from tests.stores import Stores
 from tests.strategies import STORE_SETTINGS, BeamConfig, ScoreInfo, user_registry
 
 LLM_TO_CODEC = "llm->codec"
@@ -43,8 +44,8 @@ DECODE = CurrentForwardConductorMetadata("decode", False, ["text"], ["audio"])
 
 
 @pytest.fixture
-def store(client: redis.Redis, namespace: str) -> RequestStore:
-    return RequestStore(client, namespace=namespace, codec=Codec(user_registry()))
+def store(client: redis.Redis, namespace: str, make_store: Stores) -> RequestStore:
+    return make_store(client, namespace=namespace, codec=Codec(user_registry()))  # type: ignore[no-any-return]
 
 
 def namespace_keys(client: redis.Redis, namespace: str) -> list[bytes]:

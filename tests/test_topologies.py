@@ -24,8 +24,16 @@ from mstar.engine.resources import (
     PublishedKVInfo,
     PublishedPositionInfo,
 )
-from store import Codec, KindRegistry, RequestNotFound, RequestStore, StoreConnectionError
+from store import (
+    Codec,
+    KindRegistry,
+    Reconnect,
+    RequestNotFound,
+    RequestStore,
+    StoreConnectionError,
+)
 from tests.servers import RedisCluster, RedisSentinel, RedisServer
+from tests.stores import Stores
 
 
 def _metadata(walk: str = "decode") -> CurrentForwardConductorMetadata:
@@ -92,16 +100,20 @@ def _lifecycle(store: RequestStore, rid: str) -> None:
 
 
 def _owner(client: ClusterClient, store: RequestStore, rid: str) -> str:
-    return str(client.get_node_from_key(store.keys.meta(rid)).name)
+    """The node the store's own client maps the request to (an async store has its own)."""
+    own = getattr(store, "_store", None)
+    initialized = own is not None and own.client.nodes_manager.slots_cache
+    mapper = own.client if initialized else client
+    return str(mapper.get_node_from_key(store.keys.meta(rid)).name)
 
 
 @pytest.mark.cluster
 def test_lifecycle_on_requests_spread_over_cluster_nodes(
-    tmp_cluster: RedisCluster, namespace: str
+    tmp_cluster: RedisCluster, namespace: str, make_store: Stores
 ) -> None:
     client = tmp_cluster.client()
     try:
-        store = RequestStore(client, namespace=namespace)
+        store = make_store(client, namespace=namespace)
         rids = [f"req-{i}" for i in range(6)]
         assert len({_owner(client, store, rid) for rid in rids}) > 1
         for rid in rids:
@@ -121,15 +133,14 @@ def test_lifecycle_on_requests_spread_over_cluster_nodes(
 
 
 @pytest.mark.cluster
-def test_store_from_a_cluster_url(tmp_cluster: RedisCluster, namespace: str) -> None:
+def test_store_from_a_cluster_url(
+    tmp_cluster: RedisCluster, namespace: str, make_store: Stores
+) -> None:
     url = "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in tmp_cluster.ports)
-    store = RequestStore.from_url(url, namespace=namespace)
-    try:
-        assert isinstance(store.client, ClusterClient)
-        _lifecycle(store, "from-url")
-        assert store.list_requests() == []
-    finally:
-        store.client.close()
+    store = make_store.from_url(url, namespace=namespace)
+    assert isinstance(store.client, ClusterClient)
+    _lifecycle(store, "from-url")
+    assert store.list_requests() == []
 
 
 def _migrate_slot(
@@ -167,10 +178,12 @@ def _registry() -> KindRegistry:
 
 
 @pytest.mark.cluster
-def test_merges_follow_a_moved_slot(tmp_cluster: RedisCluster, namespace: str) -> None:
+def test_merges_follow_a_moved_slot(
+    tmp_cluster: RedisCluster, namespace: str, make_store: Stores
+) -> None:
     client = tmp_cluster.client()
     try:
-        store = RequestStore(client, namespace=namespace, codec=Codec(_registry()))
+        store = make_store(client, namespace=namespace, codec=Codec(_registry()))
         rid = "moving"
         _create(store, rid)
         store.merge_publish_info(rid, "llm", {"pos": PublishedPositionInfo({"llm": 1})})
@@ -216,17 +229,16 @@ def test_merges_follow_a_moved_slot(tmp_cluster: RedisCluster, namespace: str) -
 
 
 @pytest.mark.sentinel
-def test_lifecycle_through_sentinel(tmp_sentinel: RedisSentinel, namespace: str) -> None:
+def test_lifecycle_through_sentinel(
+    tmp_sentinel: RedisSentinel, namespace: str, make_store: Stores
+) -> None:
     url = f"redis+sentinel://{tmp_sentinel.host}:{tmp_sentinel.port}/{tmp_sentinel.service_name}"
-    store = RequestStore.from_url(url, namespace=namespace)
-    try:
-        _create(store, "watched")
-        with tmp_sentinel.master.client() as master:
-            assert master.exists(store.keys.meta("watched"))
-        store.delete_request("watched")
-        _lifecycle(store, "watched")
-    finally:
-        store.client.close()
+    store = make_store.from_url(url, namespace=namespace)
+    _create(store, "watched")
+    with tmp_sentinel.master.client() as master:
+        assert master.exists(store.keys.meta("watched"))
+    store.delete_request("watched")
+    _lifecycle(store, "watched")
 
 
 # -- connections that die ----------------------------------------------------------------
@@ -247,9 +259,9 @@ def _kill_clients(admin: redis.Redis) -> int:
 @pytest.mark.timeout(60)  # a hang, not a slow answer, is the failure here
 @pytest.mark.parametrize("tmp_redis", [("--appendonly", "yes")], indirect=True)
 def test_store_survives_killed_connections_and_a_restart(
-    tmp_redis: RedisServer, admin: redis.Redis, namespace: str
+    tmp_redis: RedisServer, admin: redis.Redis, namespace: str, make_store: Stores
 ) -> None:
-    store = RequestStore.from_url(tmp_redis.url, namespace=namespace)
+    store = make_store.from_url(tmp_redis.url, namespace=namespace, reconnect=BRIEF)
     try:
         rid = "survivor"
         _create(store, rid)
@@ -281,3 +293,6 @@ def test_store_survives_killed_connections_and_a_restart(
         assert store.load_partition(rid, "llm").resource_publish_info == position
     finally:
         store.client.close()
+
+
+BRIEF = Reconnect(give_up_after=0.5)  # the server is down on purpose: say so soon

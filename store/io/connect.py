@@ -1,66 +1,178 @@
-"""Building a redis-py client from a URL: single server, Sentinel or Cluster.
+"""Building a redis-py client (sync or asyncio) from a URL: single server, Sentinel or Cluster.
 
 redis://[:password@]host:port/db        rediss://...    unix:///path/to/socket
-redis+sentinel://host:port[,host:port...]/service_name[/db]
-redis+cluster://host:port[,host:port...]
+redis+sentinel://[:password@]host:port[,host:port...]/service_name[/db]
+redis+cluster://[:password@]host:port[,host:port...]
+
+Timeouts and redis-py's own retry are set explicitly (unless the caller passes them), so a
+call never blocks for as long as Redis is down, whatever the redis-py version: redis-py
+before 8 sets no socket timeout at all. The store adds its own bounded, time-limited retry
+on top (``store.Reconnect``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.retry
+import redis.asyncio.sentinel
+from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from store.errors import ConfigurationError, StoreConnectionError
 
+SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")
+CONNECT_TIMEOUT = 2.0
+SOCKET_TIMEOUT = 5.0  # longer than any store script or read should ever take
+CONNECT_RETRIES = 1  # redis-py's own; the store's Reconnect decides how long to keep trying
 
-def _hosts(netloc: str, url: str) -> tuple[list[tuple[str, int]], str | None]:
-    password = None
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What a URL names: a scheme, its hosts and credentials, and the rest of the URL."""
+
+    url: str
+    scheme: str
+    hosts: list[tuple[str, int]]
+    password: str | None = None
+    username: str | None = None
+    service: str = ""
+    db: int = 0
+
+
+def parse_url(url: str) -> ServerSpec:
+    """The server(s) ``url`` names; ``ConfigurationError`` for a URL the store cannot use."""
+    if not isinstance(url, str):
+        raise ConfigurationError(f"a Redis URL must be a str, not {type(url).__name__}")
+    parts = urlsplit(url)
+    scheme = parts.scheme
+    if scheme not in SCHEMES:
+        raise ConfigurationError(
+            f"{redacted(url)!r}: unsupported scheme {scheme!r}; use redis://, rediss://, "
+            "unix://, redis+sentinel:// or redis+cluster://"
+        )
+    if scheme in ("redis", "rediss", "unix"):
+        return ServerSpec(url, scheme, [])
+    hosts, username, password = _hosts(parts.netloc, url)
+    if scheme == "redis+cluster":
+        return ServerSpec(url, scheme, hosts, password, username)
+    path = [p for p in parts.path.split("/") if p]
+    if not path:
+        raise ConfigurationError(f"{redacted(url)!r}: name the Sentinel service, e.g. /mymaster")
+    if len(path) > 1 and not path[1].isdigit():
+        raise ConfigurationError(f"{redacted(url)!r}: the database must be a number")
+    db = int(path[1]) if len(path) > 1 else 0
+    return ServerSpec(url, scheme, hosts, password, username, path[0], db)
+
+
+def _hosts(netloc: str, url: str) -> tuple[list[tuple[str, int]], str | None, str | None]:
+    username = password = None
     if "@" in netloc:
         auth, netloc = netloc.rsplit("@", 1)
-        password = unquote(auth.split(":", 1)[-1]) or None
+        user, _, secret = auth.partition(":")
+        username, password = unquote(user) or None, unquote(secret) or None
     hosts = []
     for part in netloc.split(","):
         host, _, port = part.rpartition(":")
         if not host or not port.isdigit():
-            raise ConfigurationError(f"{url!r}: expected host:port, got {part!r}")
+            raise ConfigurationError(f"{redacted(url)!r}: expected host:port, got {part!r}")
         hosts.append((host, int(port)))
-    return hosts, password
+    return hosts, username, password
+
+
+def _options(kwargs: dict[str, Any], retry_class: type) -> dict[str, Any]:
+    if kwargs.get("decode_responses"):
+        raise ConfigurationError("the store needs decode_responses=False")
+    options = dict(kwargs)
+    options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
+    options.setdefault("socket_timeout", SOCKET_TIMEOUT)
+    options.setdefault(
+        "retry", retry_class(ExponentialBackoff(cap=0.5, base=0.05), CONNECT_RETRIES)
+    )
+    return options
 
 
 def client_from_url(url: str, **kwargs: Any) -> Any:
-    """A client for ``url``; replies stay bytes, as the store needs."""
-    if kwargs.get("decode_responses"):
-        raise ConfigurationError("the store needs decode_responses=False")
-    scheme = urlsplit(url).scheme
-    if scheme == "redis+sentinel":
-        parts = urlsplit(url)
-        hosts, password = _hosts(parts.netloc, url)
-        path = [p for p in parts.path.split("/") if p]
-        if not path:
-            raise ConfigurationError(f"{url!r}: name the Sentinel service, e.g. /mymaster")
-        db = int(path[1]) if len(path) > 1 else 0
-        timeout = kwargs.pop("socket_timeout", 5.0)
-        sentinel = Sentinel(hosts, socket_timeout=timeout)  # type: ignore[no-untyped-call]
-        return sentinel.master_for(  # type: ignore[no-untyped-call]
-            path[0], db=db, password=password, **kwargs
+    """A redis-py client for ``url``; replies stay bytes, as the store needs."""
+    spec = parse_url(url)
+    options = _options(kwargs, Retry)
+    auth: dict[str, Any] = {"username": spec.username, "password": spec.password}
+    if spec.scheme == "redis+sentinel":
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            spec.hosts,
+            socket_timeout=options["socket_timeout"],
+            socket_connect_timeout=options["socket_connect_timeout"],
         )
-    if scheme == "redis+cluster":
-        hosts, password = _hosts(urlsplit(url).netloc, url)
-        nodes = [ClusterNode(h, p) for h, p in hosts]  # type: ignore[no-untyped-call]
+        return sentinel.master_for(  # type: ignore[no-untyped-call]
+            spec.service, db=spec.db, **auth, **options
+        )
+    if spec.scheme == "redis+cluster":
+        nodes = [ClusterNode(h, p) for h, p in spec.hosts]  # type: ignore[no-untyped-call]
         try:
-            return RedisCluster(startup_nodes=nodes, password=password, **kwargs)
+            return RedisCluster(startup_nodes=nodes, **auth, **options)
         except redis.RedisError as e:  # a cluster client connects as it is built
-            raise StoreConnectionError(f"Redis Cluster unreachable at {url!r}: {e}") from e
-    if scheme in ("redis", "rediss", "unix"):
-        try:
-            return redis.Redis.from_url(url, **kwargs)
-        except ValueError as e:  # redis-py rejects a malformed URL with a bare ValueError
-            raise ConfigurationError(f"bad Redis URL {url!r}: {e}") from e
-    raise ConfigurationError(
-        f"{url!r}: unsupported scheme {scheme!r}; use redis://, rediss://, unix://, "
-        "redis+sentinel:// or redis+cluster://"
-    )
+            raise StoreConnectionError(
+                f"Redis Cluster unreachable at {redacted(url)}: {e}; is every node up, and "
+                "is it a cluster (cluster-enabled yes)?"
+            ) from e
+    try:
+        return redis.Redis.from_url(url, **options)
+    except ValueError as e:  # redis-py rejects a malformed URL with a bare ValueError
+        raise ConfigurationError(f"bad Redis URL {redacted(url)!r}: {e}") from e
+
+
+def async_client_from_url(url: str, **kwargs: Any) -> Any:
+    """A ``redis.asyncio`` client for ``url`` (it connects on first use)."""
+    spec = parse_url(url)
+    options = _options(kwargs, redis.asyncio.retry.Retry)
+    auth: dict[str, Any] = {"username": spec.username, "password": spec.password}
+    if spec.scheme == "redis+sentinel":
+        sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            spec.hosts,
+            socket_timeout=options["socket_timeout"],
+            socket_connect_timeout=options["socket_connect_timeout"],
+        )
+        return sentinel.master_for(spec.service, db=spec.db, **auth, **options)
+    if spec.scheme == "redis+cluster":
+        nodes = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in spec.hosts]
+        return redis.asyncio.cluster.RedisCluster(startup_nodes=nodes, **auth, **options)
+    try:
+        return redis.asyncio.Redis.from_url(url, **options)
+    except ValueError as e:
+        raise ConfigurationError(f"bad Redis URL {redacted(url)!r}: {e}") from e
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, which must not end up in logs or errors."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    auth, hosts = parts.netloc.rsplit("@", 1)
+    user = auth.partition(":")[0]
+    return parts._replace(netloc=f"{user}:***@{hosts}" if user else f"***@{hosts}").geturl()
+
+
+def close_client(client: Any) -> None:
+    """Close a sync client's connections, and its Sentinels' if it came from ``master_for``."""
+    client.close()
+    for sentinel in _sentinels_of(client):
+        sentinel.close()
+
+
+async def aclose_client(client: Any) -> None:
+    """Close an asyncio client's connections, and its Sentinels' if it has any."""
+    await client.aclose()
+    for sentinel in _sentinels_of(client):
+        await sentinel.aclose()
+
+
+def _sentinels_of(client: Any) -> list[Any]:
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    return list(getattr(manager, "sentinels", ()))

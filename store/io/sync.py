@@ -17,7 +17,15 @@ from redis import exceptions as rex
 from redis.cluster import RedisCluster
 
 from store.errors import ConfigurationError
-from store.io.wire import error_reply, io_failure, pack, reply_value, with_asking
+from store.io.wire import (
+    error_reply,
+    group_by_server,
+    io_failure,
+    pack,
+    reply_value,
+    server_address,
+    with_asking,
+)
 from store.ops.effects import (
     Command,
     Commit,
@@ -72,7 +80,7 @@ class SyncExecutor:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
         if not self.cluster:
-            self._single = _Endpoint(client.connection_pool, _address(client.connection_pool))
+            self._single = _Endpoint(client.connection_pool, server_address(client.connection_pool))
 
     def run(self, op: Op[T]) -> T:
         """Drive ``op`` to its result, performing each effect it yields."""
@@ -119,6 +127,7 @@ class SyncExecutor:
                         held = None
                     error = e
         finally:
+            op.close()
             if held is not None:  # the operation ended with a WATCH pending: do not reuse
                 held[1].disconnect()
                 held[0].pool.release(held[1])
@@ -173,18 +182,16 @@ class SyncExecutor:
         """One write per server, all written before any is read; a server that fails
         fails only its own sends (their entries are the ``Disconnected`` met)."""
         results: list[Any] = [None] * len(sends)
-        groups: dict[int, tuple[_Endpoint, list[int]]] = {}
-        for i, send in enumerate(sends):
+        endpoints: list[_Endpoint | Disconnected] = []
+        for send in sends:
             try:
-                endpoint = self._endpoint(send.key, send.node)
+                endpoints.append(self._endpoint(send.key, send.node))
             except Disconnected as e:
-                results[i] = e
-                continue
-            groups.setdefault(id(endpoint.pool), (endpoint, []))[1].append(i)
+                endpoints.append(e)
         taken: list[tuple[_Endpoint, Any]] = []
         written: list[tuple[tuple[_Endpoint, Any], list[int]]] = []
         try:
-            for endpoint, members in groups.values():
+            for endpoint, members in group_by_server(endpoints, results):
                 commands = [
                     c for i in members for c in with_asking(sends[i].commands, sends[i].asking)
                 ]
@@ -250,13 +257,3 @@ def _raise_mapped(error: BaseException, where: str) -> NoReturn:
     if failure is error:
         raise error
     raise failure from error
-
-
-def _address(pool: Any) -> str:
-    kwargs = getattr(pool, "connection_kwargs", {})
-    if "path" in kwargs:
-        return f"unix://{kwargs['path']}"
-    service = getattr(pool, "service_name", None)
-    if service:
-        return f"sentinel service {service!r}"
-    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"

@@ -9,13 +9,21 @@ read the raw replies: bytes, ints and lists, with error replies turned into valu
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import redis
 from redis import exceptions as rex
 
 from store.errors import ConfigurationError, StoreConnectionError, StoreError
 from store.ops.effects import Command, Disconnected, ErrorReply
+
+
+class _Addressed(Protocol):
+    @property
+    def address(self) -> str: ...
+
+
+E = TypeVar("E", bound=_Addressed)
 
 _hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
 try:
@@ -43,6 +51,31 @@ def pack(conn: Any, commands: Sequence[Command]) -> Any:
     if _hiredis_pack is None:
         return conn.pack_commands(commands)
     return [b"".join([_hiredis_pack(command) for command in commands])]
+
+
+def server_address(pool: Any) -> str:
+    """How errors name the server behind a connection pool."""
+    kwargs = getattr(pool, "connection_kwargs", {})
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    service = getattr(pool, "service_name", None)
+    if service:
+        return f"sentinel service {service!r}"
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+def group_by_server(
+    endpoints: Sequence[E | BaseException], results: list[Any]
+) -> list[tuple[E, list[int]]]:
+    """The indexes of the sends bound for each server, in order; a send whose server could
+    not be found gets its error as its result."""
+    groups: dict[str, tuple[E, list[int]]] = {}
+    for i, endpoint in enumerate(endpoints):
+        if isinstance(endpoint, BaseException):
+            results[i] = endpoint
+        else:
+            groups.setdefault(endpoint.address, (endpoint, []))[1].append(i)
+    return list(groups.values())
 
 
 def with_asking(commands: Sequence[Command], asking: bool) -> Sequence[Command]:

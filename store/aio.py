@@ -1,0 +1,102 @@
+"""``AsyncRequestStore``: the ``RequestStore`` contract on ``redis.asyncio``, awaited.
+
+Every method is the same operation of ``store.ops`` as the sync store's, run by the asyncio
+executor: same name, arguments, results and errors. Many tasks may call one store at once;
+each call takes its own pooled connection for its round trip.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+from store.backoff import RetryPolicy
+from store.codec import Codec
+from store.facade import async_method
+from store.io.aio import AsyncExecutor
+from store.io.connect import aclose_client, async_client_from_url
+from store.ops import fields, lifecycle, merges, reads, reports
+from store.ops import leases as lease_ops
+from store.ops.calls import Reconnect
+from store.ops.core import Core
+from store.store import StoreSettings, settings_from, split_options
+
+
+class AsyncRequestStore(StoreSettings):
+    """The conductor's per-request state on Redis, for asyncio programs.
+
+    ``client`` is a ``redis.asyncio.Redis`` (or its Sentinel master, or a
+    ``redis.asyncio.cluster.RedisCluster``) with bytes replies. ``async with`` closes it.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        namespace: str = "mstar",
+        codec: Codec | None = None,
+        retry: RetryPolicy | None = None,
+        dedupe_window: float = 3600.0,
+        lease_ttl: float = 10.0,
+        topology_cache_size: int = 4096,
+        reconnect: Reconnect | None = None,
+    ) -> None:
+        self._executor = AsyncExecutor(client)
+        self._core = Core(
+            settings_from(
+                namespace, codec, retry, dedupe_window, lease_ttl, topology_cache_size, reconnect
+            )
+        )
+        self.client = client
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str = "mstar", **options: Any) -> AsyncRequestStore:
+        """A store on the Redis at ``url`` (the URL forms of ``RequestStore.from_url``)."""
+        store_options = split_options(options)
+        client = async_client_from_url(url, **options)
+        return cls(client, namespace=namespace, **store_options)
+
+    async def aclose(self) -> None:
+        """Close the client's connections."""
+        await aclose_client(self.client)
+
+    async def __aenter__(self) -> AsyncRequestStore:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- create, list, finish, delete
+    create_request = async_method(lifecycle.create_request)
+    list_requests = async_method(lifecycle.list_requests)
+    request_exists = async_method(lifecycle.request_exists)
+    delete_request = async_method(lifecycle.delete_request)
+    finish_request = async_method(lifecycle.finish_request)
+    reap = async_method(lifecycle.reap)
+    # -- reads
+    load_request = async_method(reads.load_request)
+    load_record = async_method(reads.load_record)
+    load_partition = async_method(reads.load_partition)
+    load_connection = async_method(reads.load_connection)
+    # -- field writes
+    update_partition = async_method(fields.update_partition)
+    set_producer_done = async_method(fields.set_producer_done)
+    set_final_output = async_method(fields.set_final_output)
+    add_tokens = async_method(fields.add_tokens)
+    raise_consumed_count = async_method(fields.raise_consumed_count)
+    # -- the forward pass
+    record_worker_report = async_method(reports.record_worker_report)
+    advance_partition = async_method(reports.advance_partition)
+    merge_publish_info = async_method(merges.merge_publish_info)
+    # -- leases and recovery
+    claim_step = async_method(lease_ops.claim_step)
+    release_lease = async_method(lease_ops.release_lease)
+    renew_lease = async_method(lease_ops.renew_lease)
+    schedule_check = async_method(lease_ops.schedule_check)
+    due_steps = async_method(lease_ops.due_steps)
+    leases = async_method(lease_ops.leases)

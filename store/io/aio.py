@@ -1,0 +1,275 @@
+"""Runs operations on a ``redis.asyncio`` client: single server, Sentinel or Cluster.
+
+The same contract as ``store.io.sync``, awaited: each ``Send`` takes a pooled connection to
+the server that owns its key, writes all its commands at once and reads every reply. A task
+cancelled mid-call leaves no connection in the pool with a reply unread (redis-py closes a
+connection interrupted while sending or reading) and, since every write of the store is one
+script or one MULTI..EXEC, nothing half written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any, NoReturn, TypeVar
+
+from redis import exceptions as rex
+from redis.asyncio.cluster import RedisCluster
+
+from store.io.sync import check_client
+from store.io.wire import (
+    error_reply,
+    group_by_server,
+    io_failure,
+    pack,
+    reply_value,
+    server_address,
+    with_asking,
+)
+from store.ops.effects import (
+    Command,
+    Commit,
+    Disconnected,
+    Op,
+    Send,
+    SendMany,
+    Sleep,
+    Unwatch,
+    Watch,
+)
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class _Endpoint:
+    """Connections to one server: a pool (single server, Sentinel) or a cluster node."""
+
+    __slots__ = ("address", "node", "pool")
+
+    def __init__(self, address: str, pool: Any = None, node: Any = None) -> None:
+        self.address = address
+        self.pool = pool
+        self.node = node
+
+    async def take(self) -> Any:
+        try:
+            if self.node is not None:
+                return self.node.acquire_connection()
+            return await self.pool.get_connection()
+        except Exception as e:
+            _raise_mapped(e, self.address)
+
+    async def give_back(self, conn: Any) -> None:
+        if self.node is not None:
+            self.node.release(conn)
+        else:
+            await self.pool.release(conn)
+
+
+Held = tuple[_Endpoint, Any]
+
+
+class AsyncExecutor:
+    """Performs the effects of operations (``store.ops.effects``) with ``redis.asyncio``."""
+
+    def __init__(self, client: Any) -> None:
+        check_client(client)
+        self.client = client
+        self.cluster = isinstance(client, RedisCluster)
+        self._ready = not self.cluster
+        if not self.cluster:
+            pool = client.connection_pool
+            self._single = _Endpoint(server_address(pool), pool=pool)
+
+    async def run(self, op: Op[T]) -> T:
+        """Drive ``op`` to its result, performing each effect it yields."""
+        held: Held | None = None  # the connection of a pending WATCH
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            while True:
+                try:
+                    effect = op.send(value) if error is None else op.throw(error)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                error = None
+                try:
+                    if isinstance(effect, Send):
+                        value = await self._send(effect)
+                    elif isinstance(effect, SendMany):
+                        value = await self._send_many(effect.sends)
+                    elif isinstance(effect, Watch):
+                        endpoint = await self._endpoint(effect.key, None)
+                        held = (endpoint, await endpoint.take())
+                        value = await _exchange(held, effect.commands)
+                    elif isinstance(effect, (Commit, Unwatch)):
+                        taken, held = held, None
+                        value = None
+                        if taken is not None:
+                            commands = (
+                                effect.commands if isinstance(effect, Commit) else [("UNWATCH",)]
+                            )
+                            try:
+                                value = await _exchange(taken, commands)
+                            finally:
+                                await taken[0].give_back(taken[1])
+                    elif isinstance(effect, Sleep):
+                        await asyncio.sleep(effect.seconds)
+                        value = None
+                    else:
+                        await self._refresh()
+                        value = None
+                except Disconnected as e:
+                    if held is not None:
+                        await held[0].give_back(held[1])  # closed by _exchange
+                        held = None
+                    error = e
+        finally:
+            op.close()
+            if held is not None:  # ended (or cancelled) with a WATCH pending: do not reuse
+                await _close(held[1])
+                await held[0].give_back(held[1])
+
+    # -- connections ---------------------------------------------------------------------
+
+    async def _endpoint(self, key: str, node: tuple[str, int] | None) -> _Endpoint:
+        if not self.cluster:
+            return self._single
+        client = self.client
+        try:
+            if not self._ready:
+                await client.initialize()  # the async cluster client learns its slots lazily
+                self._ready = True
+            found = client.get_node(node[0], node[1]) if node else client.get_node_from_key(key)
+        except Exception as e:
+            _raise_mapped(e, "Redis Cluster")
+        if found is None:
+            raise Disconnected(f"cluster node {node or key!r} is not known yet")
+        return _Endpoint(f"{found.host}:{found.port}", node=found)
+
+    async def _send(self, send: Send) -> list[Any]:
+        endpoint = await self._endpoint(send.key, send.node)
+        held = (endpoint, await endpoint.take())
+        try:
+            replies = await _exchange(held, with_asking(send.commands, send.asking))
+        finally:
+            await endpoint.give_back(held[1])
+        return replies[1:] if send.asking else replies
+
+    async def _send_many(self, sends: Sequence[Send]) -> list[Any]:
+        """One write per server, all written before any is read; a server that fails
+        fails only its own sends (their entries are the ``Disconnected`` met)."""
+        results: list[Any] = [None] * len(sends)
+        endpoints: list[_Endpoint | Disconnected] = []
+        for send in sends:
+            try:
+                endpoints.append(await self._endpoint(send.key, send.node))
+            except Disconnected as e:
+                endpoints.append(e)
+        taken: list[Held] = []
+        written: list[tuple[Held, list[int]]] = []
+        try:
+            for endpoint, members in group_by_server(endpoints, results):
+                commands = [
+                    c for i in members for c in with_asking(sends[i].commands, sends[i].asking)
+                ]
+                try:
+                    held = (endpoint, await endpoint.take())
+                    taken.append(held)
+                    await _write(held, commands)
+                    written.append((held, members))
+                except Disconnected as e:
+                    for i in members:
+                        results[i] = e
+            for held, members in written:
+                for n, i in enumerate(members):
+                    try:
+                        results[i] = await _read(held, sends[i])
+                    except Disconnected as e:
+                        for j in members[n:]:
+                            results[j] = e
+                        break
+        finally:
+            for endpoint, conn in taken:
+                await endpoint.give_back(conn)
+        return results
+
+    async def _refresh(self) -> None:
+        if not self.cluster:
+            return
+        try:
+            await self.client.nodes_manager.initialize()
+            self._ready = True
+        except Exception as e:  # every node unreachable: the next send says so
+            log.debug("cluster slot refresh failed: %s", e)
+
+
+async def round_trip(conn: Any, commands: Sequence[Command]) -> list[Any]:
+    """Send ``commands`` in one write and read every reply; error replies come back as values."""
+    await conn.send_packed_command(pack(conn, commands), check_health=False)
+    replies: list[Any] = []
+    for command in commands:
+        try:
+            reply = await conn.read_response()
+        except rex.ResponseError as e:
+            replies.append(error_reply(e))
+        else:
+            replies.append(reply_value(reply, command))
+    return replies
+
+
+async def _exchange(held: Held, commands: Sequence[Command]) -> list[Any]:
+    """One round trip on a taken connection; a failure closes it (the caller gives it back)."""
+    try:
+        return await round_trip(held[1], commands)
+    except BaseException as e:
+        await _close(held[1])
+        _raise_mapped(e, held[0].address)
+
+
+async def _write(held: Held, commands: Sequence[Command]) -> None:
+    try:
+        await held[1].send_packed_command(pack(held[1], commands), check_health=False)
+    except BaseException as e:
+        await _close(held[1])
+        _raise_mapped(e, held[0].address)
+
+
+async def _read(held: Held, send: Send) -> list[Any]:
+    """The replies of one send among those written on ``held``."""
+    conn = held[1]
+    replies: list[Any] = []
+    try:
+        for command in with_asking(send.commands, send.asking):
+            try:
+                reply = await conn.read_response()
+            except rex.ResponseError as e:
+                replies.append(error_reply(e))
+            else:
+                replies.append(reply_value(reply, command))
+    except BaseException as e:
+        await _close(conn)
+        _raise_mapped(e, held[0].address)
+    return replies[1:] if send.asking else replies
+
+
+async def _close(conn: Any) -> None:
+    """Close a connection that may hold an unread reply.
+
+    redis-py closes a connection whose send or read was interrupted (a cancelled task
+    included); this makes sure of it without letting a second failure hide the first.
+    """
+    try:
+        await conn.disconnect(nowait=True)
+    except Exception as e:
+        log.debug("closing a broken connection: %r", e)
+
+
+def _raise_mapped(error: BaseException, where: str) -> NoReturn:
+    """Raise what ``error`` becomes (``store.io.wire.io_failure``); itself if no redis error."""
+    failure = io_failure(error, where)
+    if failure is error:
+        raise error
+    raise failure from error
