@@ -18,6 +18,7 @@ class RetryPolicy:
     max_attempts: int = 64
     base_delay: float = 0.0002
     max_delay: float = 0.02
+    max_wait: float = 5.0  # how long a merge may step aside for others holding its claim
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -25,6 +26,8 @@ class RetryPolicy:
             raise ValueError("max_attempts must be at least 1")
         if not 0 <= self.base_delay <= self.max_delay:
             raise ValueError("need 0 <= base_delay <= max_delay")
+        if self.max_wait < 0:
+            raise ValueError("max_wait must be >= 0")
 
     def delay(self, attempt: int) -> float:
         """Seconds to sleep after failed try number ``attempt`` (1-based)."""

@@ -7,6 +7,7 @@ function of (worker, op index), so the parent can compute the expected end state
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import random
 import threading
@@ -33,7 +34,14 @@ from mstar.engine.resources import (
     PublishedKVInfo,
     PublishedPositionInfo,
 )
-from store import Codec, KindRegistry, RequestStore, StalePassError, TransactionConflictError
+from store import (
+    AsyncRequestStore,
+    Codec,
+    KindRegistry,
+    RequestStore,
+    StalePassError,
+    TransactionConflictError,
+)
 from store.codec.kinds import default_registry
 from tests.conftest import delete_namespace, redis_url_for_tests
 from tests.servers import free_port
@@ -190,6 +198,42 @@ def _merge_worker(
     _report(worker, barrier, results, work)
 
 
+TASKS_PER_PROCESS = 16
+
+
+def _async_merge_worker(
+    worker: int, barrier: Any, results: Any, url: str, namespace: str, ops: int
+) -> None:
+    """As ``_merge_worker``, with the ops spread over 16 asyncio tasks on one store."""
+
+    async def run() -> dict[str, Any]:
+        store = AsyncRequestStore.from_url(url, namespace=namespace, codec=Codec(REGISTRY))
+        conflicts = 0
+
+        async def task(first: int) -> None:
+            nonlocal conflicts
+            for i in range(first, ops, TASKS_PER_PROCESS):
+                try:
+                    await store.merge_publish_info(RID, "p", _merge_op(worker, i))
+                except TransactionConflictError:
+                    conflicts += 1
+                await store.add_tokens(RID, "p->q", _token_op(worker, i))
+
+        barrier.wait(BARRIER_TIMEOUT)
+        await asyncio.gather(*(task(t) for t in range(TASKS_PER_PROCESS)))
+        stats = store.stats
+        await store.aclose()
+        return {
+            "transactions": stats.transactions,
+            "server_merges": stats.server_merges,
+            "attempts": stats.attempts,
+            "retries": stats.retries,
+            "conflicts": conflicts,
+        }
+
+    _report(worker, barrier, results, lambda: asyncio.run(run()))
+
+
 def _fold(order: list[tuple[int, int]]) -> dict[str, Any]:
     held: dict[str, Any] = {}
     for worker, i in order:
@@ -197,11 +241,13 @@ def _fold(order: list[tuple[int, int]]) -> dict[str, Any]:
     return held
 
 
-def _check_merges(url: str, backend: str, workers: int, ops: int) -> None:
+def _check_merges(
+    url: str, backend: str, workers: int, ops: int, target: Callable[..., None] = _merge_worker
+) -> None:
     with _namespace_cleaned(url) as namespace:
         store = _store(url, namespace)
         _create(store)
-        outcomes = _run_workers(_merge_worker, workers, url, namespace, ops)
+        outcomes = _run_workers(target, workers, url, namespace, ops)
 
         all_ops = [(w, i) for w in range(workers) for i in range(ops)]
         expected = _fold(all_ops)
@@ -242,6 +288,17 @@ def test_concurrent_merges_and_token_adds_equal_the_sequential_fold(
     if real_redis_error:
         pytest.skip(real_redis_error)
     _check_merges(redis_url_for_tests(), "real Redis", workers=8, ops=200)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_concurrent_async_merges_and_token_adds_equal_the_sequential_fold(
+    real_redis_error: str | None,
+) -> None:
+    """4 processes, each with 16 asyncio tasks on one AsyncRequestStore, on one partition."""
+    if real_redis_error:
+        pytest.skip(real_redis_error)
+    _check_merges(redis_url_for_tests(), "real Redis (async)", 4, 200, target=_async_merge_worker)
 
 
 @pytest.fixture

@@ -44,28 +44,43 @@ log = logging.getLogger(__name__)
 
 
 class _Endpoint:
-    """Connections to one server: a pool (single server, Sentinel) or a cluster node."""
+    """Connections to one server: a pool (single server, Sentinel) or a cluster node.
 
-    __slots__ = ("address", "node", "pool")
+    A pool's connections are handed out through a semaphore as large as the pool, so that
+    more tasks in flight than connections wait for one instead of failing (redis-py's
+    asyncio pool raises ``MaxConnectionsError`` when it is exhausted).
+    """
+
+    __slots__ = ("_slots", "address", "node", "pool")
 
     def __init__(self, address: str, pool: Any = None, node: Any = None) -> None:
         self.address = address
         self.pool = pool
         self.node = node
+        limit = getattr(pool, "max_connections", None)
+        self._slots = asyncio.Semaphore(limit) if isinstance(limit, int) and limit > 0 else None
 
     async def take(self) -> Any:
+        if self._slots is not None:
+            await self._slots.acquire()
         try:
             if self.node is not None:
                 return self.node.acquire_connection()
             return await self.pool.get_connection()
-        except Exception as e:
+        except BaseException as e:
+            if self._slots is not None:
+                self._slots.release()
             _raise_mapped(e, self.address)
 
     async def give_back(self, conn: Any) -> None:
-        if self.node is not None:
-            self.node.release(conn)
-        else:
-            await self.pool.release(conn)
+        try:
+            if self.node is not None:
+                self.node.release(conn)
+            else:
+                await self.pool.release(conn)
+        finally:
+            if self._slots is not None:
+                self._slots.release()
 
 
 Held = tuple[_Endpoint, Any]
@@ -88,8 +103,15 @@ class AsyncExecutor:
         held: Held | None = None  # the connection of a pending WATCH
         value: Any = None
         error: BaseException | None = None
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
         try:
             while True:
+                if task is not None and task.cancelling() > cancels:
+                    # A cancel that redis-py swallowed (seen on CPython 3.11 with the hiredis
+                    # parser: the read is cut off, the connection closed, and the task goes
+                    # on). Honour it here, between two effects, where nothing is half done.
+                    raise asyncio.CancelledError()
                 try:
                     effect = op.send(value) if error is None else op.throw(error)
                 except StopIteration as stop:

@@ -117,8 +117,8 @@ def io_failure(error: BaseException, where: str) -> BaseException:
             f"Redis at {where} refused the credentials: {error}; check the password or "
             "ACL user in the URL"
         )
-    if isinstance(error, rex.MaxConnectionsError):
-        return StoreConnectionError(f"no free connection to Redis at {where}: {error}")
+    if isinstance(error, rex.MaxConnectionsError):  # a pool shared with others: wait
+        return Disconnected(f"{where}: no free connection in the pool: {error}", node=where)
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
         return Disconnected(f"{where}: {type(error).__name__}: {error}", node=where)
     if isinstance(error, rex.SlotNotCoveredError):

@@ -106,8 +106,11 @@ def _merge_optimistic(
     where = {"request_id": rid, "key": pub}
 
     def on_retry(failed: int) -> Op[None]:
-        # Server-side merges commit far faster than a read-merge-write round: after a few
-        # lost rounds, ask them to wait (for at most CLAIM_MS) so this one gets through.
+        # Server-side merges commit far faster than a read-merge-write round, and many
+        # optimistic merges on one partition keep invalidating each other: after a few
+        # lost rounds, take the partition's claim (for at most CLAIM_MS). While it is held,
+        # server-side merges and other optimistic merges step aside, so this one gets
+        # through; the claims pass from one starved merge to the next.
         nonlocal claimed
         if failed >= CLAIM_AFTER and not claimed:
             (took,) = yield from core.send(
@@ -120,10 +123,12 @@ def _merge_optimistic(
         ("HGET", part, VERSION_FIELD),
         ("EXISTS", meta),
         ("ZSCORE", ops, op),
+        ("GET", claim),
     ]
+    own_claim = token.encode()
 
     def body(replies: list[Any]) -> Plan[dict[str, PublishedInfo]]:
-        flat, version, request_held, seen = replies
+        flat, version, request_held, seen, claimer = replies
         if version is None:
             if not request_held:
                 raise RequestNotFound("no such request", request_id=rid)
@@ -133,6 +138,8 @@ def _merge_optimistic(
         merged = core.published.decode(held_fields, labels, request_id=rid, key=pub)
         if seen is not None:  # this very merge committed before a lost reply
             return Plan([], merged)
+        if claimer is not None and claimer != own_claim:
+            return Plan(step_aside=True)
         for label in labels:
             held_info = merged.get(label)
             if held_info is None:

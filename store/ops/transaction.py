@@ -41,6 +41,7 @@ class Plan(Generic[T]):
 
     writes: list[Command] = field(default_factory=list)
     result: T | None = None
+    step_aside: bool = False  # another writer has precedence: back off and read again
 
 
 @dataclass
@@ -60,17 +61,26 @@ def optimistic(
 ) -> Op[Outcome[T]]:
     """Run ``body`` over a consistent read of ``reads`` and commit its writes, with retries.
 
-    All keys must share one hash slot. Raises ``TransactionConflictError`` when every try met
-    a concurrent writer, ``StoreConnectionError`` when Redis stayed unreachable; either way
-    nothing of a failed try was written. ``on_retry(failed_tries)`` runs before each retry.
+    All keys must share one hash slot. Raises ``TransactionConflictError`` when
+    ``policy.max_attempts`` tries met a concurrent writer (or the body kept stepping aside
+    for ``policy.max_wait`` seconds), ``StoreConnectionError`` when Redis stayed
+    unreachable; either way nothing of a failed try was written. ``on_retry(conflicts)``
+    runs before each retry. A body that returns ``Plan(step_aside=True)`` waits for another
+    writer: that try is not counted as a conflict.
     """
     patience = reconnect.patience()
-    for attempt in range(1, policy.max_attempts + 1):
-        if attempt > 1:
-            log.debug("transaction on %s retried after %d conflicts", watch[0], attempt - 1)
+    waiting = Reconnect(give_up_after=policy.max_wait).patience()
+    conflicts = 0
+    tries = 0  # reads that could have committed (stepping aside is not a try)
+    started = False
+    while True:
+        if started:
+            log.debug("transaction on %s retried after %d conflicts", watch[0], conflicts)
             if on_retry is not None:
-                yield from on_retry(attempt - 1)
-            yield Sleep(policy.delay(attempt - 1))
+                yield from on_retry(conflicts)
+            yield Sleep(policy.delay(max(1, conflicts)))
+        started = True
+        tries += 1
         try:
             replies = yield Watch(watch[0], [("WATCH", *watch), *reads])
             if any(isinstance(r, ErrorReply) for r in replies):
@@ -84,9 +94,15 @@ def optimistic(
             except BaseException:
                 yield Unwatch()
                 raise
+            if plan.step_aside:
+                yield Unwatch()
+                tries -= 1
+                if waiting.next_pause() is None:
+                    raise TransactionConflictError(conflicts + 1, **where)
+                continue
             if not plan.writes:
                 yield Unwatch()
-                return Outcome(plan.result, attempt)
+                return Outcome(plan.result, tries)
             replies = yield Commit([("MULTI",), *plan.writes, ("EXEC",)])
         except Disconnected as e:
             # The outcome of an EXEC in flight is unknown; the next try reads again.
@@ -100,6 +116,9 @@ def optimistic(
             continue
         committed = replies[-1]
         if committed is None:  # a watched key changed: nothing was applied
+            conflicts += 1
+            if conflicts >= policy.max_attempts:
+                raise TransactionConflictError(policy.max_attempts, **where)
             continue
         if _settling(replies):  # the slot moved between WATCH and EXEC: nothing applied
             yield RefreshSlots()
@@ -107,8 +126,7 @@ def optimistic(
         raise_error_replies(replies[:-1], where)
         if isinstance(committed, list):
             raise_error_replies(committed, where)
-        return Outcome(plan.result, attempt)
-    raise TransactionConflictError(policy.max_attempts, **where)
+        return Outcome(plan.result, tries)
 
 
 def _settling(replies: Sequence[Any]) -> bool:
