@@ -164,6 +164,28 @@ class Spec:
     tree: str = ""
     create: bool = False
     name: str = ""  # the row's operation as shown, if not ``op``
+    beside: str = ""  # "op|procs|target" of a row to run right after, slice by slice
+
+    @property
+    def key(self) -> str:
+        return f"{self.op}|{self.procs}|{self.target}"
+
+
+# A row with partners (``Spec.beside``) runs each of its slices as this many turns, taken in
+# alternation with its partners': a machine that switches state every second or two then
+# still meets both in the same state, turn by turn.
+TURNS = 5
+
+
+def arrange(specs: list[Spec]) -> list[list[Spec]]:
+    """``specs`` in run order, a row and the rows run beside it (if it is in the group)
+    together: ``[[row, partner...], [row], ...]``."""
+    keys = {s.key for s in specs}
+    groups = [[s] for s in specs if s.beside not in keys]
+    for spec in specs:
+        if spec.beside in keys:
+            next(g for g in groups if g[0].key == spec.beside).append(spec)
+    return groups
 
 
 class Bench:
@@ -254,11 +276,13 @@ class Bench:
     ) -> list[Row]:
         """Measure rows in ``rounds`` interleaved slices, so that a change of load on the
         machine during the run hits every row of the group alike (their ratios stay fair).
-        Every round also runs a slice of the bare PING reference."""
+        Every round also runs a slice of the bare PING reference; a row with partners runs
+        its slice in ``TURNS`` turns alternating with theirs."""
         per_slice = (duration or self.duration) / rounds
         started = time.perf_counter()
+        groups = arrange(specs)
         cases: list[tuple[Spec, Case, Verify | None, list[dict[str, Any]]]] = []
-        for spec in specs:
+        for spec in (spec for group in groups for spec in group):
             case = Case(
                 spec.module,
                 spec.op,
@@ -276,10 +300,16 @@ class Bench:
             case.rid = case.rid or "r"
             verify = spec.prepare(self, case) if spec.prepare is not None else None
             cases.append((spec, case, verify, []))
+        by_spec = {id(spec): (case, results) for spec, case, _, results in cases}
         for _ in range(rounds):
             self._reference_slice(per_slice)
-            for _, case, _, results in cases:
-                self._run_slice(case, results)
+            for group in groups:
+                turns = TURNS if len(group) > 1 else 1
+                for _ in range(turns):
+                    for spec in group:
+                        case, results = by_spec[id(spec)]
+                        case.duration = per_slice / turns
+                        self._run_slice(case, results)
         rows = []
         for spec, case, verify, results in cases:
             row = summarize(spec.section, case, results)

@@ -7,10 +7,11 @@ slices spread over the whole run, tells whether it did.
 Thresholds, and why (figures from --quick runs on this shared 2-core machine):
 
 - ``DRIFT_FACTOR`` 1.5: while the machine holds steady the reference's p50 stays within
-  about 15 % from slice to slice (21.8-25.0 µs over 13 slices of one run); when a neighbour's
-  load arrives it moves by 2-5x (the same run's last slices: 100-109 µs; earlier runs saw the
-  loopback round trip at 30 µs in one and 74-81 µs in others), which changes every
-  store-to-bare ratio. 1.5x is well clear of the noise and well below shifts of that size.
+  about 15 % from slice to slice (21.8-25.0 µs over 13 slices of one run); when it changes it
+  moves by 2-5x (the same run's last slices: 100-109 µs). On this VM the usual cause is where
+  the scheduler puts the client: on redis-server's core a PING takes 25 µs, on the other one
+  about 100 µs (measured with taskset); a neighbour's load does the same. Such a shift changes
+  every store-to-bare ratio. 1.5x is well clear of the noise and well below shifts that size.
 - ``STALL_FACTOR`` 100x p50, but only from ``STALL_FLOOR_US`` 50 ms: a process descheduled
   for a time slice or two is ordinary here (1-process rows with a p50 of 25-50 µs show maxes
   of 3-8 ms, 120-170x; 16-process rows up to 36 ms, at 15x their p50); a call held for 50 ms

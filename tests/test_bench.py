@@ -6,8 +6,9 @@ import pytest
 import redis
 
 from benchmarks import report, stalls
-from benchmarks.harness import REFERENCE_KEY, Bench, Pool, Row, Spec
+from benchmarks.harness import REFERENCE_KEY, Bench, Pool, Row, Spec, arrange
 from benchmarks.scenarios import aio, baseline, store_ops
+from benchmarks.scenarios.legacy import fastest_ratio
 from tests.conftest import redis_url_for_tests
 
 
@@ -82,3 +83,26 @@ def test_the_harness_measures_rows_with_ordered_percentiles(real_redis_error: st
     assert raw_row.details["verified"] is True
     assert raw_row.details["info"]["captured"] == 4  # one real call per request captured
     assert raw_row.details["outcomes"] == {}  # every raw EVALSHA applied
+
+
+def test_a_row_set_beside_another_runs_with_it() -> None:
+    def spec(op: str, beside: str = "") -> Spec:
+        return Spec("s", "m", op, 1, "one", beside=beside)
+
+    # Declared before its partner, it still runs after it; a missing partner keeps its place.
+    specs = [spec("a (legacy)", "a|1|one"), spec("a"), spec("b"), spec("c", "missing|1|one")]
+    assert [[s.op for s in group] for group in arrange(specs)] == [
+        ["a", "a (legacy)"],
+        ["b"],
+        ["c"],
+    ]
+
+
+def test_legacy_is_compared_in_the_machines_fast_state_whatever_the_mix_of_states() -> None:
+    current = Row("store", "record_worker_report", 1, "one", p50_us=110.0, ops_per_s=9e3)
+    legacy = Row("legacy", "record_worker_report (legacy)", 1, "one", p50_us=49.0, ops_per_s=1e4)
+    current.details["slice_p50_us"] = [113.0, 117.0, 50.0, 112.0]  # mostly the slow state
+    legacy.details["slice_p50_us"] = [48.0, 114.0, 49.0, 49.0]  # mostly the fast one
+    ratio, fast_current, fast_legacy = fastest_ratio(current, legacy)
+    assert (fast_current, fast_legacy) == (50.0, 48.0)
+    assert ratio == pytest.approx(50.0 / 48.0)  # whole rows: 2.24x

@@ -4,7 +4,9 @@ The rule: the sync path does not get slower; report and merge p50 within 1.05x o
 tree's (``--legacy REV``, default f8f2fd5), measured in the same run. The rows here are the
 store rows' own operations (scenarios/store_ops.py, which uses only the public API), run by a
 pool process whose ``sys.path`` starts with a temporary worktree of REV, so it imports that
-tree's ``store``. They join the interleaved table, so the two trees meet the same load.
+tree's ``store``. They join the interleaved table, each slice right after the current
+row's, in alternating turns, so the two trees meet the same load; the check compares their
+fastest turns (``fastest_ratio`` says why).
 Each legacy worker creates its own request (the parent only holds the current store).
 """
 
@@ -61,9 +63,40 @@ def table(bench: Bench) -> list[Spec]:
             tree=TREE,
             create=True,
             name=legacy_name(op),
+            beside=f"{op}|1|one",  # each slice right after the current row's
         )
         for op, _ in ROWS
     ]
+
+
+def fastest_ratio(current: Row, legacy: Row) -> tuple[float, float, float]:
+    """current/legacy of the two rows' fastest turn p50s, and those p50s (µs).
+
+    This machine's loopback has two states, by where the scheduler puts the client: on the
+    redis-server's core a PING takes 25 µs, on the other one about 100 µs (measured with
+    taskset). Both trees meet both states, turn by turn, in no fixed proportion, so the
+    whole-row p50s of the same code differed up to 2.5x between runs; the fastest of each
+    row's turns (``harness.TURNS`` per slice, each of over a thousand calls) measures both
+    in the same state, as the codec rows take their fastest batch.
+    """
+    fast_current = min(current.details["slice_p50_us"])
+    fast_legacy = min(legacy.details["slice_p50_us"])
+    return fast_current / fast_legacy, fast_current, fast_legacy
+
+
+def _compare(text: str, current: Row, legacy: Row) -> Check:
+    ratio, fast_current, fast_legacy = fastest_ratio(current, legacy)
+    turns = len(current.details["slice_p50_us"])
+    p50 = current.p50_us / legacy.p50_us  # type: ignore[operator]
+    ops = current.ops_per_s / legacy.ops_per_s  # type: ignore[operator]
+    return Check(
+        text,
+        ratio <= LIMIT,
+        f"current/legacy p50 {ratio:.2f}x in the fastest of {turns} turns each "
+        f"({fast_current:,.1f} vs {fast_legacy:,.1f} µs); whole rows: p50 {p50:.2f}x "
+        f"({current.p50_us:,.1f} vs {legacy.p50_us:,.1f} µs), ops/s {ops:.2f}x "
+        f"({current.ops_per_s:,.0f} vs {legacy.ops_per_s:,.0f})",
+    )
 
 
 def checks(rows: list[Row], bench: Bench) -> list[Check]:
@@ -75,22 +108,12 @@ def checks(rows: list[Row], bench: Bench) -> list[Check]:
         current, legacy = by_key.get(f"{op}|1|one"), by_key.get(f"{legacy_name(op)}|1|one")
         if not tree.get("path"):
             out.append(Check(text, None, tree.get("skipped", "not run")))
-        elif current is None or legacy is None or not current.p50_us or not legacy.p50_us:
+        elif current is None or legacy is None:
             out.append(Check(text, None, "not measured (needs the store scenario too)"))
         elif not legacy.details.get("tree_ok"):
             out.append(Check(text, False, "the legacy row did not run the legacy tree"))
         else:
-            p50 = current.p50_us / legacy.p50_us
-            ops = current.ops_per_s / legacy.ops_per_s  # type: ignore[operator]
-            out.append(
-                Check(
-                    text,
-                    p50 <= LIMIT,
-                    f"current/legacy p50 {p50:.2f}x ({current.p50_us:,.1f} vs "
-                    f"{legacy.p50_us:,.1f} µs), ops/s {ops:.2f}x ({current.ops_per_s:,.0f} vs "
-                    f"{legacy.ops_per_s:,.0f})",
-                )
-            )
+            out.append(_compare(text, current, legacy))
     return out
 
 
