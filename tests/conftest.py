@@ -2,13 +2,16 @@
 
 Backends (like fakeredis-py's own conftest): ``client`` runs every test twice,
 as ``[fake]`` against an in-process fakeredis server and as ``[real]`` against
-``REDIS_URL`` (default ``redis://127.0.0.1:6379/0``).  Select with
+``REDIS_URL`` (default ``redis://127.0.0.1:6379/0``; any URL the store takes, a
+cluster or sentinel one too, see ``tests/backends.py``).  Select with
 ``-m fake`` / ``-m real`` or ``-k fake`` / ``-k real``.
 
-An unreachable real Redis skips the ``real`` tests, except when the ``CI``
-environment variable is set: then it fails them, so CI cannot silently skip
-the real backend.  The same rule applies when ``redis-server`` is missing for
-the fixtures that start their own servers.
+The header names the real server.  An unreachable one, or one holding keys
+outside test namespaces (unless ``MSTAR_TEST_ALLOW_FOREIGN_KEYS=1``), skips
+every ``real`` test, except when the ``CI`` environment variable is set: then
+it fails them, so CI cannot silently skip the real backend.  The same rule
+applies when ``redis-server`` is missing for the fixtures that start their own
+servers.
 
 Clients return bytes (``decode_responses`` stays off); the library relies on it.
 The real server is shared: tests only ever delete ``<namespace>:*`` keys.
@@ -17,7 +20,6 @@ The real server is shared: tests only ever delete ``<namespace>:*`` keys.
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,21 +28,12 @@ import fakeredis
 import pytest
 import redis
 
-from tests.servers import (
-    RedisCluster,
-    RedisSentinel,
-    RedisServer,
-    no_retry,
-    redis_binaries_available,
-)
+from tests import backends
+from tests.backends import delete_namespace, redis_url_for_tests
+from tests.servers import RedisCluster, RedisSentinel, RedisServer, redis_binaries_available
 from tests.stores import Stores, stores_of
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def redis_url_for_tests() -> str:
-    """``REDIS_URL`` if set, else ``redis://127.0.0.1:6379/0``."""
-    return os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+__all__ = ["delete_namespace", "redis_url_for_tests"]  # tests import them from here
 
 
 def _in_ci() -> bool:
@@ -53,36 +46,26 @@ def _skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+# -- the real Redis: named in the header, refused if unsafe ---------------------------------
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return backends.probe().header()
+
+
 @pytest.fixture(scope="session")
 def real_redis_error() -> str | None:
-    """``None`` if the real Redis answers PING within 0.5 s, else why not (checked once)."""
-    url = redis_url_for_tests()
-    try:
-        with redis.Redis.from_url(
-            url, socket_timeout=0.5, socket_connect_timeout=0.5, retry=no_retry()
-        ) as c:
-            c.ping()
-    except (redis.RedisError, OSError) as e:
-        return f"real Redis at {url} does not answer PING: {type(e).__name__}: {e}"
-    return None
+    """``None`` if the real tests may use the real Redis, else why not (probed once)."""
+    return backends.probe().refusal()
 
 
-def _glob_escape(s: str) -> str:
-    return re.sub(r"([*?\[\]\\])", r"\\\1", s)
-
-
-def delete_namespace(c: redis.Redis, namespace: str) -> int:
-    """SCAN + UNLINK every ``<namespace>:*`` key; returns how many were deleted."""
-    deleted = 0
-    batch: list[bytes] = []
-    for key in c.scan_iter(match=f"{_glob_escape(namespace)}:*", count=500):
-        batch.append(key)
-        if len(batch) >= 500:
-            deleted += c.unlink(*batch)
-            batch.clear()
-    if batch:
-        deleted += c.unlink(*batch)
-    return deleted
+@pytest.fixture(autouse=True)
+def _real_redis_is_usable(request: pytest.FixtureRequest) -> None:
+    """Every ``real`` test, whatever fixtures it uses, runs only on a usable real Redis."""
+    if request.node.get_closest_marker("real") is not None:
+        reason = request.getfixturevalue("real_redis_error")
+        if reason is not None:
+            _skip_or_fail(reason)
 
 
 @pytest.fixture
@@ -100,7 +83,7 @@ def fake_server() -> fakeredis.FakeServer:
 def _real_client(real_redis_error: str | None) -> redis.Redis:
     if real_redis_error is not None:
         _skip_or_fail(real_redis_error)
-    return redis.Redis.from_url(redis_url_for_tests())
+    return backends.connect()
 
 
 @pytest.fixture(

@@ -3,20 +3,32 @@
 No pytest dependency: these helpers can be used from scripts as well.  Every
 server runs in its own working directory, on a free port, bound to 127.0.0.1,
 and logs to ``<workdir>/redis-<port>.log``.
+
+As a command, for CI steps that run the suite against a private topology::
+
+    python -m tests.servers cluster --dir DIR [--masters 3]
+
+prints the store URL (``redis+cluster://...``) on one line and keeps the servers
+running until it gets SIGTERM or SIGINT (or its parent exits), then stops them.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Self
+from urllib.parse import quote
 
 import redis
 import redis.cluster
@@ -73,10 +85,15 @@ def free_cluster_port() -> int:
     raise RuntimeError("could not find a free port pair for a cluster node")
 
 
-def _probe(host: str, port: int) -> redis.Redis:
+def _probe(host: str, port: int, **options: Any) -> redis.Redis:
     """A client that answers or fails within half a second, for polling a starting server."""
     return redis.Redis(
-        host=host, port=port, socket_timeout=0.5, socket_connect_timeout=0.5, retry=no_retry()
+        host=host,
+        port=port,
+        socket_timeout=0.5,
+        socket_connect_timeout=0.5,
+        retry=no_retry(),
+        **options,
     )
 
 
@@ -153,10 +170,14 @@ class RedisServer(_Started):
             *self.args,
         ]
 
+    def connection_options(self) -> dict[str, Any]:
+        """What a redis-py client needs besides host and port (TLS, for a subclass)."""
+        return {}
+
     def client(self, **kwargs: Any) -> redis.Redis:
         """A new (bytes-returning) client for this server; the caller closes it."""
         kwargs.setdefault("socket_timeout", 5)
-        return redis.Redis(host=self.host, port=self.port, **kwargs)
+        return redis.Redis(host=self.host, port=self.port, **self.connection_options(), **kwargs)
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> Self:
@@ -196,7 +217,7 @@ class RedisServer(_Started):
                     f"redis-server on port {self.port} exited during startup; log tail:\n{tail}"
                 )
             try:
-                with _probe(self.host, self.port) as c:
+                with _probe(self.host, self.port, **self.connection_options()) as c:
                     if c.ping():
                         return
             except redis.RedisError as e:
@@ -270,6 +291,107 @@ class _PortInUseError(RuntimeError):
     pass
 
 
+OPENSSL = os.environ.get("OPENSSL_BIN") or shutil.which("openssl") or "openssl"
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A throw-away CA and a server certificate it signed, for 127.0.0.1 and localhost."""
+
+    ca_cert: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def create(cls, workdir: Path) -> TlsFiles:
+        """Generate them with the ``openssl`` CLI (EC P-256 keys: instant, unlike RSA)."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        ca_key, ca_cert = workdir / "ca.key", workdir / "ca.crt"
+        key, csr, cert = workdir / "server.key", workdir / "server.csr", workdir / "server.crt"
+        ext = workdir / "server.ext"
+        # Extensions a strict verifier (VERIFY_X509_STRICT) asks for, so no client rejects it.
+        ext.write_text(
+            "basicConstraints = critical, CA:FALSE\n"
+            "keyUsage = critical, digitalSignature\n"
+            "extendedKeyUsage = serverAuth\n"
+            "subjectAltName = IP:127.0.0.1, DNS:localhost\n"
+            "authorityKeyIdentifier = keyid\n"
+        )
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        _openssl("req", "-x509", *ec, "-keyout", ca_key, "-out", ca_cert, "-days", "2",
+                 "-subj", "/CN=mstar-store test CA",
+                 "-addext", "basicConstraints=critical,CA:TRUE",
+                 "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+        _openssl("req", "-new", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1")
+        _openssl("x509", "-req", "-in", csr, "-CA", ca_cert, "-CAkey", ca_key,
+                 "-CAcreateserial", "-out", cert, "-days", "2", "-extfile", ext)  # fmt: skip
+        return cls(ca_cert, cert, key)
+
+
+def _openssl(*args: str | Path) -> None:
+    res = subprocess.run(
+        [OPENSSL, *map(str, args)], stdin=subprocess.DEVNULL, capture_output=True, check=False
+    )
+    if res.returncode != 0:
+        raise RuntimeError(
+            f"openssl {args[0]} failed ({res.returncode}): {res.stderr.decode(errors='replace')}"
+        )
+
+
+class TlsRedisServer(RedisServer):
+    """A ``redis-server`` that speaks TLS only, on ``port``; clients need not show a cert.
+
+    A ``redis-server`` built without TLS refuses the options: ``start`` then raises
+    ``TlsUnsupportedError`` with the server's own words.
+    """
+
+    def __init__(self, workdir: Path, tls: TlsFiles, port: int | None = None, *args: str):
+        super().__init__(workdir, port, *args)
+        self.tls = tls
+
+    @property
+    def url(self) -> str:
+        """A ``rediss://`` URL that trusts this server's CA (redis-py reads the query)."""
+        return f"rediss://{self.host}:{self.port}/0?ssl_ca_certs={quote(str(self.tls.ca_cert))}"
+
+    def command(self) -> list[str]:
+        # Later options win: the plain port is closed, TLS listens on ours.
+        return [
+            *super().command(),
+            "--port", "0",
+            "--tls-port", str(self.port),
+            "--tls-cert-file", str(self.tls.cert),
+            "--tls-key-file", str(self.tls.key),
+            "--tls-ca-cert-file", str(self.tls.ca_cert),
+            "--tls-auth-clients", "no",
+        ]  # fmt: skip
+
+    def connection_options(self) -> dict[str, Any]:
+        return {"ssl": True, "ssl_ca_certs": str(self.tls.ca_cert)}
+
+    def start(self) -> Self:
+        try:
+            return super().start()
+        except RuntimeError as e:
+            said = [m.group(0).strip() for m in _TLS_REFUSED.finditer(str(e))]
+            if said:
+                raise TlsUnsupportedError(
+                    f"{REDIS_SERVER} refuses TLS (built without it?): {' '.join(said)}"
+                ) from e
+            raise
+
+
+# How redis-server refuses a TLS option it was not built with: the line it names, and why.
+_TLS_REFUSED = re.compile(
+    r"^>>> 'tls-.*$|^.*(Bad directive|TLS.*not (supported|available)|unsupported).*$",
+    re.MULTILINE | re.IGNORECASE,
+)
+
+
+class TlsUnsupportedError(RuntimeError):
+    pass
+
+
 class RedisCluster(_Started):
     """A Redis Cluster of ``masters`` master-only nodes, each in its own subdir."""
 
@@ -292,6 +414,11 @@ class RedisCluster(_Started):
     @property
     def url(self) -> str:
         return f"redis://{HOST}:{self.ports[0]}"
+
+    @property
+    def store_url(self) -> str:
+        """Every node, in the form ``store.io.connect`` (and ``REDIS_URL``) accepts."""
+        return "redis+cluster://" + ",".join(f"{HOST}:{p}" for p in self.ports)
 
     def client(self, **kwargs: Any) -> redis.cluster.RedisCluster:
         """A new cluster client; the caller closes it."""
@@ -491,3 +618,38 @@ def _flags(master_reply: object) -> set[str]:
 
 def _s(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+# -- command line ---------------------------------------------------------------------------
+
+
+def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)  # unwinds the ``with`` below, which stops every server
+
+
+def _wait_until_stopped(parent: int) -> None:
+    """Sleep until a signal arrives or the parent exits (so a killed CI job leaks nothing)."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.servers", description="Run a private Redis topology until killed."
+    )
+    sub = parser.add_subparsers(dest="topology", required=True)
+    cluster = sub.add_parser("cluster", help="a Redis Cluster of master-only nodes")
+    cluster.add_argument("--dir", type=Path, required=True, help="working directory (logs, data)")
+    cluster.add_argument("--masters", type=int, default=3)
+    args = parser.parse_args(argv)
+    parent = os.getppid()
+    signal.signal(signal.SIGTERM, _stop_on_signal)
+    signal.signal(signal.SIGINT, _stop_on_signal)
+    with RedisCluster(args.dir, args.masters) as topology:
+        print(topology.store_url, flush=True)
+        _wait_until_stopped(parent)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import re
 import sys
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import fakeredis
 import pytest
@@ -30,6 +32,7 @@ from mstar.engine.resources import (
 )
 from store.cli import demo
 from store.cli import main as cli
+from store.schema import SCHEMA_VERSION
 from store.store import RequestStore
 from tests.conftest import redis_url_for_tests
 
@@ -140,7 +143,7 @@ def test_demo_summary_counts_what_the_plan_drives(
     assert numbers["merges"] == demo.LLM_RANKS * llm_passes  # one per rank per LLM pass
     assert numbers["transaction retries"] == 0  # one conductor, no contention
     assert "llm->codec 19/19 done  -> done" in result.out
-    assert client.keys(f"{namespace}:*") == []  # finished requests were deleted
+    assert list(client.scan_iter(match=f"{namespace}:*")) == []  # finished requests deleted
 
 
 @pytest.mark.fake
@@ -354,3 +357,18 @@ def test_url_and_namespace_default_to_the_environment(
     assert lines[0] == "no requests in namespace 'from-env'"
     assert lines[1] == "no requests in namespace 'flag'"
     assert "namespace 'mstar-demo'" in lines[2]
+
+
+# -- --version -----------------------------------------------------------------------------
+
+
+def test_version_names_the_package_and_the_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+
+    assert exc.value.code == 0
+    printed = re.fullmatch(r"mstar-store (\S+) \(schema v(\d+)\)\n", capsys.readouterr().out)
+    assert printed is not None
+    # The installed metadata is this source tree's (an editable install), and so is the schema.
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert printed.groups() == (pyproject["project"]["version"], str(SCHEMA_VERSION))

@@ -20,7 +20,6 @@ from typing import Any
 
 import fakeredis
 import pytest
-import redis
 
 from mstar.conductor.request_info import (
     CurrentForwardConductorMetadata,
@@ -43,7 +42,8 @@ from store import (
     TransactionConflictError,
 )
 from store.codec.kinds import default_registry
-from tests.conftest import delete_namespace, redis_url_for_tests
+from tests import backends
+from tests.backends import delete_namespace, redis_url_for_tests
 from tests.servers import free_port
 
 RID = "req-1"
@@ -100,7 +100,7 @@ def _namespace_cleaned(url: str) -> Iterator[str]:
     try:
         yield namespace
     finally:
-        with redis.Redis.from_url(url) as c:
+        with backends.connect(url) as c:
             delete_namespace(c, namespace)
 
 

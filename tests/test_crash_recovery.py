@@ -26,7 +26,8 @@ from store.cli.simulate.reference import canonical, reference_run
 from store.cli.simulate.replica import Report, Timing
 from store.errors import FencedError
 from store.store import RequestStore
-from tests.conftest import redis_url_for_tests
+from tests import backends
+from tests.backends import redis_url_for_tests
 
 pytestmark = pytest.mark.real
 
@@ -47,7 +48,7 @@ def tts_request() -> str:
 def child(patch_name: str, config_json: str) -> None:
     """Entry of a patched replica process: apply the patch, then run the normal replica."""
     config = json.loads(config_json)
-    signals = redis.Redis.from_url(config["redis_url"])
+    signals = backends.connect(config["redis_url"])
     key = f"{config['namespace']}:test:signal"
     PATCHES[patch_name](lambda what: signals.rpush(key, what))
     replica.main([config_json])

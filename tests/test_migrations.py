@@ -39,9 +39,9 @@ from store.migrate import MigrationReport, migrate_namespace
 from store.records import RequestRecord, RequestState
 from store.schema import SCHEMA_VERSION
 from store.upgrade import from_hashes, to_hashes, upgrade_record
-from tests import fixtures
+from tests import backends, fixtures
 from tests import strategies as s
-from tests.conftest import redis_url_for_tests
+from tests.backends import redis_url_for_tests
 from tests.fixtures import record_keys, snapshot, store_fixture, versions_held
 
 RECORDS_PER_REQUEST = 4  # meta, partitions llm and codec, connection llm->codec
@@ -615,7 +615,7 @@ WRITTEN_BY = 5  # writer k works on the requests with index % WRITTEN_BY == k
 
 def _writer(url: str, namespace: str, k: int, ready: Any, go: Any) -> None:
     """Report worker-graph ranks and add tokens on its own share of the requests."""
-    client = redis.Redis.from_url(url)
+    client = backends.connect(url)
     store = RequestStore(client, namespace=namespace)
     ready.set()
     go.wait(60)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from mstar.engine.resources import (
     PublishedPositionInfo,
     SamplingReqConfig,
 )
-from store.cli.main import add_common_options, open_store
+from store.cli.main import add_common_options, open_store, redacted
 from store.cli.view import connection_progress
 from store.records import RequestState
 from store.store import RequestStore
@@ -105,7 +104,7 @@ def _positive(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     where = "an embedded in-process fakeredis (no server)"
     if args.redis_url is not None:
-        where = _redacted(args.redis_url)
+        where = redacted(args.redis_url)
     count = f"{args.requests} request{'s' if args.requests != 1 else ''}"
     started = time.perf_counter()
     totals = Totals()
@@ -311,8 +310,3 @@ def _codec_metadata() -> CurrentForwardConductorMetadata:
         graph_walk="audio_decode", is_prefill=False, input_modalities=["text"],
         output_modalities=["audio"],
     )  # fmt: skip
-
-
-def _redacted(url: str) -> str:
-    """The URL without its password, which must not end up in logs."""
-    return re.sub(r"//[^/@]*@", "//***@", url)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -20,6 +22,7 @@ from typing import Any
 from store.errors import ConfigurationError, StoreError
 from store.io.connect import client_from_url
 from store.ops.calls import Reconnect
+from store.schema import SCHEMA_VERSION
 from store.store import RequestStore
 
 # Imported by name when the parser is built, so that command modules can import this one.
@@ -31,6 +34,7 @@ COMMAND_MODULES = (
     "store.cli.simulate.command",
 )
 
+DISTRIBUTION = "mstar-conductor-store"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_NAMESPACE = "mstar"
 CONNECT_TIMEOUT = 5.0
@@ -66,6 +70,12 @@ def add_common_options(
     parser.add_argument("--namespace", default=namespace, help=ns_help)
 
 
+def redacted(url: str) -> str:
+    """The URL without its password (userinfo or ``password=`` query), for logs and output."""
+    url = re.sub(r"//[^/@]*@", "//***@", url)
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", url)
+
+
 def embedded_client() -> Any:
     """A client on a private in-process fakeredis server (with Lua, which the store needs)."""
     try:
@@ -95,10 +105,20 @@ def open_store(args: argparse.Namespace) -> Iterator[RequestStore]:
         client.close()
 
 
+def version() -> str:
+    """``mstar-store 0.1.0 (schema v4)``: the installed package and the records it writes."""
+    try:
+        package = importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        package = "(not installed)"
+    return f"mstar-store {package} (schema v{SCHEMA_VERSION})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mstar-store", description="Inspect and exercise the M* conductor's request store."
     )
+    parser.add_argument("--version", action="version", version=version())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(subparsers)

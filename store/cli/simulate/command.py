@@ -6,14 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from store.cli.main import add_common_options
-from store.cli.simulate.harness import (
-    SimulationConfig,
-    default_namespace,
-    redacted,
-    simulate,
-    summary_lines,
-)
+from store.cli.main import add_common_options, redacted
+from store.cli.simulate.harness import SimulationConfig, default_namespace, simulate, summary_lines
 from store.cli.simulate.reference import SimulationError
 
 

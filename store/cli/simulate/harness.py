@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import secrets
 import tempfile
 import threading
@@ -17,6 +16,7 @@ from typing import Any, TextIO
 
 import redis
 
+from store.cli.main import redacted
 from store.cli.simulate import model
 from store.cli.simulate.fleet import Delivery, Fleet, FleetCounters
 from store.cli.simulate.progress import Progress
@@ -274,8 +274,3 @@ def _delete_namespace(client: Any, namespace: str) -> None:
     batch = list(client.scan_iter(match=f"{namespace}:*", count=500))
     for i in range(0, len(batch), 500):
         client.unlink(*batch[i : i + 500])
-
-
-def redacted(url: str) -> str:
-    """The URL without its password, which must not end up in logs."""
-    return re.sub(r"//[^/@]*@", "//***@", url)
