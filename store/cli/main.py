@@ -13,7 +13,6 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
-import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -68,12 +67,6 @@ def add_common_options(
         ns_help = f"key prefix (default {namespace!r})"
     parser.add_argument("--redis-url", default=url, help=url_help)
     parser.add_argument("--namespace", default=namespace, help=ns_help)
-
-
-def redacted(url: str) -> str:
-    """The URL without its password (userinfo or ``password=`` query), for logs and output."""
-    url = re.sub(r"//[^/@]*@", "//***@", url)
-    return re.sub(r"([?&]password=)[^&]*", r"\1***", url)
 
 
 def embedded_client() -> Any:

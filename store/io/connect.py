@@ -12,6 +12,7 @@ on top (``store.Reconnect``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -150,13 +151,9 @@ def async_client_from_url(url: str, **kwargs: Any) -> Any:
 
 
 def redacted(url: str) -> str:
-    """The URL without its password, which must not end up in logs or errors."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    auth, hosts = parts.netloc.rsplit("@", 1)
-    user = auth.partition(":")[0]
-    return parts._replace(netloc=f"{user}:***@{hosts}" if user else f"***@{hosts}").geturl()
+    """The URL without its password (userinfo or ``password=`` query), for logs and errors."""
+    url = re.sub(r"//[^/@]*@", "//***@", url)
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", url)
 
 
 def close_client(client: Any) -> None:
