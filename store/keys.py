@@ -8,6 +8,11 @@ on a cluster. Only the request index lives outside any request's slot.
     <ns>:deadlines                        sorted set: "<rid> <partition>" -> when to look
                                           at it if nothing happens (recovery index)
     <ns>:replicas                         sorted set: replica id -> last heartbeat
+    <ns>:replica:<replica_id>             hash, expires a few heartbeats after the last:
+                                          the replica's cumulative counters, leases held,
+                                          requests in flight (``store.stats``)
+    <ns>:stats:<epoch minute>             hash, expires after 15 minutes: counter -> events
+                                          in that minute, from every replica's heartbeat
     <ns>:{<rid>}:meta                     hash: request-level record (RequestRecord)
     <ns>:{<rid>}:part:<partition>         hash: PartitionState, one field per attribute
     <ns>:{<rid>}:pub:<partition>          hash: resource label -> encoded PublishedInfo
@@ -17,6 +22,22 @@ on a cluster. Only the request index lives outside any request's slot.
     <ns>:{<rid>}:ops                      sorted set: applied operation id -> time (dedupe)
     <ns>:{<rid>}:lease                    hash: fencing token, and per partition the lease
                                           on its next step (holder, token, expiry, pass)
+    <ns>:{<rid>}:history                  stream, capped: the request's timeline, one entry
+                                          per operation (``mstar-store history``)
+
+A history entry's stream id is the time it was written (milliseconds); its fields, each
+missing when it does not apply:
+
+    op         the operation: report, merge, advance, step, claim, release, renew, create,
+               finish, delete
+    partition  the partition it was about
+    pass       the forward pass number
+    rank       the worker-graph rank (a report)
+    wg         the worker graph id (a report)
+    replica    the replica that sent it
+    outcome    applied, duplicate, stale, fenced or refused
+    detail     free text: why it was refused, what changed
+    token      the fencing token it ran under, or a claim raised the request's to
 """
 
 from __future__ import annotations
@@ -126,6 +147,13 @@ class KeySpace:
     def replicas(self) -> str:
         return f"{self.namespace}:replicas"
 
+    def replica_stats(self, replica_id: str) -> str:
+        return f"{self.namespace}:replica:{replica_id}"
+
+    def stats_bucket(self, minute: int) -> str:
+        """The counters of one epoch minute (``int(time // 60)``)."""
+        return f"{self.namespace}:stats:{minute}"
+
     def request_prefix(self, request_id: str) -> str:
         return f"{self.namespace}:{{{request_id}}}:"
 
@@ -149,6 +177,9 @@ class KeySpace:
 
     def lease(self, request_id: str) -> str:
         return f"{self.request_prefix(request_id)}lease"
+
+    def history(self, request_id: str) -> str:
+        return f"{self.request_prefix(request_id)}history"
 
     def request_keys(
         self, request_id: str, partitions: list[str], connections: list[str]

@@ -24,9 +24,8 @@ import redis
 from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool
 
-from store.cli.main import redacted
 from store.errors import StoreError
-from store.io.connect import client_from_url
+from store.io.connect import client_from_url, redacted
 from tests.servers import no_retry
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"

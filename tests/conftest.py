@@ -15,19 +15,27 @@ servers.
 
 Clients return bytes (``decode_responses`` stays off); the library relies on it.
 The real server is shared: tests only ever delete ``<namespace>:*`` keys.
+
+``run("ls", ...)`` runs the ``mstar-store`` command line in-process on the test's backend.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import fakeredis
 import pytest
 import redis
 
+from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
+from store.cli import main as cli
+from store.stats import Command
+from store.store import RequestStore
 from tests import backends
 from tests.backends import delete_namespace, redis_url_for_tests
 from tests.servers import RedisCluster, RedisSentinel, RedisServer, redis_binaries_available
@@ -174,3 +182,60 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[Stores]:
     """Makes stores of one kind per run of the test: ``RequestStore``, or an
     ``AsyncRequestStore`` driven from the test's sync code (see ``tests.stores``)."""
     yield from stores_of(request.param)
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+Run = Callable[..., Result]
+
+
+@pytest.fixture
+def run(
+    client: redis.Redis,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
+) -> Run:
+    """``run("ls")`` runs ``mstar-store ls`` in the test's namespace on the test's backend."""
+    if isinstance(client, fakeredis.FakeRedis):
+        server = request.getfixturevalue("fake_server")
+        monkeypatch.setattr(cli, "make_client", lambda args: fakeredis.FakeRedis(server=server))
+        backend: list[str] = []
+    else:
+        backend = ["--redis-url", redis_url_for_tests()]
+
+    def run(*argv: str) -> Result:
+        code = cli.main([*argv, "--namespace", namespace, *backend])
+        out, err = capsys.readouterr()
+        return Result(code, out, err)
+
+    return run
+
+
+@pytest.fixture
+def store(client: redis.Redis, namespace: str) -> RequestStore:
+    """A store in the test's namespace on the test's backend."""
+    return RequestStore(client, namespace=namespace)
+
+
+def create_small_request(store: RequestStore, rid: str) -> None:
+    """A request of one partition ("llm", worker graph "wg") at pass 0."""
+    meta = CurrentForwardConductorMetadata(graph_walk="prefill", is_prefill=True)
+    store.create_request(
+        rid, partitions={"llm": PartitionState("llm", meta, current_worker_graph_ids={"wg"})},
+        connections={}, max_output_tokens=8, seed=1,
+    )  # fmt: skip
+
+
+def send_commands(client: Any, commands: list[Command]) -> list[Any]:
+    """Send commands built by ``store.stats`` as a replica runtime does: one pipeline."""
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return list(pipe.execute())

@@ -10,8 +10,6 @@ import json
 import re
 import sys
 import tomllib
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import fakeredis
@@ -34,47 +32,13 @@ from store.cli import demo
 from store.cli import main as cli
 from store.schema import SCHEMA_VERSION
 from store.store import RequestStore
-from tests.conftest import redis_url_for_tests
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-
-Run = Callable[..., Result]
+from tests.conftest import Run
 
 
 @pytest.fixture(autouse=True)
 def _no_env_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MSTAR_REDIS_URL", raising=False)
     monkeypatch.delenv("MSTAR_NAMESPACE", raising=False)
-
-
-@pytest.fixture
-def run(
-    client: redis.Redis,
-    namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    request: pytest.FixtureRequest,
-) -> Run:
-    """``run("ls")`` runs ``mstar-store ls`` in the test's namespace on the test's backend."""
-    if isinstance(client, fakeredis.FakeRedis):
-        server = request.getfixturevalue("fake_server")
-        monkeypatch.setattr(cli, "make_client", lambda args: fakeredis.FakeRedis(server=server))
-        backend: list[str] = []
-    else:
-        backend = ["--redis-url", redis_url_for_tests()]
-
-    def run(*argv: str) -> Result:
-        code = cli.main([*argv, "--namespace", namespace, *backend])
-        out, err = capsys.readouterr()
-        return Result(code, out, err)
-
-    return run
 
 
 @pytest.fixture

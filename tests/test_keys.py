@@ -173,3 +173,21 @@ def test_non_str_namespace(namespace: object) -> None:
 
 def test_namespace_may_hold_colons() -> None:
     assert KeySpace("app:v1").index == "app:v1:requests"
+
+
+def test_operator_keys() -> None:
+    assert KEYS.replica_stats("replica-2") == "ns:replica:replica-2"
+    assert KEYS.stats_bucket(28_512_345) == "ns:stats:28512345"
+    assert KEYS.history("r1") == "ns:{r1}:history"
+
+
+@CODEC_SETTINGS
+@given(request_ids)
+def test_history_shares_the_request_slot(rid: str) -> None:
+    # The scripts append to it in the same call that changes the request.
+    assert key_slot(KEYS.history(rid).encode()) == key_slot(KEYS.meta(rid).encode())
+
+
+def test_namespace_statistics_are_in_no_request_slot() -> None:
+    # Written by replicas with their heartbeat, never from a request's script.
+    assert "{" not in KEYS.replica_stats("r") + KEYS.stats_bucket(1)

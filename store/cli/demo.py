@@ -29,8 +29,9 @@ from mstar.engine.resources import (
     PublishedPositionInfo,
     SamplingReqConfig,
 )
-from store.cli.main import add_common_options, open_store, redacted
+from store.cli.main import add_common_options, open_store
 from store.cli.view import connection_progress
+from store.io.connect import redacted
 from store.records import RequestState
 from store.store import RequestStore
 

@@ -30,6 +30,8 @@ COMMAND_MODULES = (
     "store.cli.view",
     "store.cli.migrate",
     "store.cli.replicas",
+    "store.cli.top",
+    "store.cli.history",
     "store.cli.simulate.command",
 )
 

@@ -69,6 +69,7 @@ def run_show(args: argparse.Namespace) -> int:
         print(msgspec.json.format(encoded, indent=2).decode())
     else:
         print("\n".join(describe(state, registry, args.namespace, time.time())))
+        print(f"history: mstar-store history {args.request_id}")
     return 0
 
 

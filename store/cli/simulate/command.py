@@ -6,9 +6,10 @@ import argparse
 import sys
 from typing import Any
 
-from store.cli.main import add_common_options, redacted
+from store.cli.main import add_common_options
 from store.cli.simulate.harness import SimulationConfig, default_namespace, simulate, summary_lines
 from store.cli.simulate.reference import SimulationError
+from store.io.connect import redacted
 
 
 def add_parser(subparsers: Any) -> None:

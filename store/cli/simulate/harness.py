@@ -16,14 +16,13 @@ from typing import Any, TextIO
 
 import redis
 
-from store.cli.main import redacted
 from store.cli.simulate import model
 from store.cli.simulate.fleet import Delivery, Fleet, FleetCounters
 from store.cli.simulate.progress import Progress
 from store.cli.simulate.reference import differences, fakeredis_with_lua, reference_run
 from store.cli.simulate.replica import TIMED_OPERATIONS, ReplicaStats, Timing
 from store.errors import ConfigurationError, StoreConnectionError
-from store.io.connect import client_from_url
+from store.io.connect import client_from_url, redacted
 from store.keys import KeySpace
 from store.replicas import ReplicaRegistry
 from store.store import RequestStore
