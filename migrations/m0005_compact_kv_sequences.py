@@ -6,7 +6,7 @@ per rank, which made the stored partition larger than pickle's; and a reader had
 every page index, even to skip it. v5 stores the same values as a msgpack array in field
 order (a field added later goes at the end, with a default), with the page indices' msgpack
 array inside a bin, which a reader steps over at once and decodes only when the indices are
-read (``store/codec/sequences.py``).
+read (``store/codec/kv.py``).
 
 The change, in the publish-info hash of a partition (see ``store/codec/published.py``):
 

@@ -24,13 +24,21 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from store.codec.bounds import decode_text, parse_int
-from store.codec.domains import LENGTH, Domain, check_number, check_stored, field_domains
+from store.codec.domains import (
+    LENGTH,
+    Domain,
+    IntDomain,
+    check_number,
+    check_stored,
+    field_domains,
+)
 from store.codec.values import Codec
 from store.errors import CorruptRecordError, StoreError, ValidationError
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
 
 R = TypeVar("R")
 Where = dict[str, "str | None"]
+_Read = Callable[[dict[str, bytes], "dict[str, bytes] | None"], tuple[bool, Any]]
 
 _CURRENT = str(SCHEMA_VERSION).encode()
 
@@ -81,6 +89,8 @@ NATIVE: dict[Any, _Scalar] = {
 def _within(scalar: _Scalar, domain: Domain, what: str) -> _Scalar:
     """``scalar`` with its numbers kept in ``domain``, both ways."""
     encode, decode = scalar.encode, scalar.decode
+    if scalar is NATIVE[int] and isinstance(domain, IntDomain):
+        return _int_within(domain, what)
 
     def checked_encode(value: Any) -> bytes:
         encoded = encode(value)  # a value of the wrong type is the encoder's to name
@@ -91,6 +101,28 @@ def _within(scalar: _Scalar, domain: Domain, what: str) -> _Scalar:
         return check_stored(decode(raw), domain, what=what)
 
     return _Scalar(checked_encode, checked_decode)
+
+
+def _int_within(domain: IntDomain, what: str) -> _Scalar:
+    """A decimal field in ``domain``: the common case (a number in range) in a few string
+    operations, anything else through the general checks, which say what is wrong."""
+    low, high = domain.low, domain.high  # within the signed 64-bit range
+
+    def encode(value: Any) -> bytes:
+        if type(value) is int and low <= value < high:
+            return str(value).encode()
+        _encode_int(value)  # the wrong type, or beyond 64 bits
+        check_number(value, domain, what=what)
+        raise AssertionError("unreachable: the value is out of its domain")
+
+    def decode(raw: bytes) -> int:
+        if raw.isdigit() and len(raw) <= 19 and (raw[0] != 0x30 or len(raw) == 1):
+            value = int(raw)
+            if low <= value < high:
+                return value
+        return check_stored(parse_int(raw), domain, what=what)
+
+    return _Scalar(encode, decode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +160,7 @@ class RecordLayout(Generic[R]):
             for name, spec in self.fields.items()
             if spec.shape in ("scalar", "list")
         }
+        self._readers = [(spec, self._reader(spec)) for spec in self.fields.values()]
 
     def _field(self, name: str, tp: Any, required: bool) -> _Field:
         origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -221,12 +254,12 @@ class RecordLayout(Generic[R]):
         any list is built.
         """
         limit = self.codec.max_payload_bytes
+        if raw and max(max(map(len, raw)), max(map(len, raw.values()))) > limit:
+            self._too_large(raw, where)
         plain: dict[str, bytes] = {}
         entries: dict[str, dict[str, bytes]] = {}
         names = self._names
         for raw_name, value in raw.items():
-            if len(value) > limit or len(raw_name) > limit:
-                self._too_large(raw_name, value, where)
             name = names.get(raw_name)
             if name is not None:  # an attribute's own field, the common case
                 plain[name] = value
@@ -247,9 +280,9 @@ class RecordLayout(Generic[R]):
             else:
                 raise CorruptRecordError("malformed field name", **where, field=text)
         kwargs: dict[str, Any] = dict(extra or {})
-        for spec in self.fields.values():
+        for spec, read in self._readers:
             try:
-                present, value = self._read(spec, plain, entries.get(spec.name))
+                present, value = read(plain, entries.get(spec.name))
             except StoreError as e:  # the codec's own (corrupt, too large): say where
                 e.locate(**{**where, "field": spec.name})
                 raise
@@ -266,39 +299,49 @@ class RecordLayout(Generic[R]):
                 )
         return self.cls(**kwargs)
 
-    def _too_large(self, raw_name: bytes, value: bytes, where: Where) -> None:
-        shown = _shown(raw_name)
-        self.codec.check_size(raw_name, **where, field=shown)
-        self.codec.check_size(value, **where, field=shown.partition("[")[0])
+    def _too_large(self, raw: Mapping[bytes, bytes], where: Where) -> None:
+        """Raise ``PayloadTooLargeError`` for the first field over the limit."""
+        for raw_name, value in raw.items():
+            shown = _shown(raw_name)
+            self.codec.check_size(raw_name, **where, field=shown)
+            self.codec.check_size(value, **where, field=shown.partition("[")[0])
 
-    def _read(
-        self, spec: _Field, plain: dict[str, bytes], entries: dict[str, bytes] | None
-    ) -> tuple[bool, Any]:
-        dec, shape = spec.value.decode, spec.shape
-        if shape == "scalar":
-            raw = plain.get(spec.name)
+    def _reader(self, spec: _Field) -> _Read:
+        """How attribute ``spec`` is read from its fields: (whether present, its value)."""
+        dec, name = spec.value.decode, spec.name
+
+        def scalar(plain: dict[str, bytes], entries: dict[str, bytes] | None) -> tuple[bool, Any]:
+            raw = plain.get(name)
             return (False, None) if raw is None else (True, dec(raw))
-        if shape == "map":
+
+        def mapping(plain: dict[str, bytes], entries: dict[str, bytes] | None) -> tuple[bool, Any]:
             return bool(entries), {k: dec(v) for k, v in (entries or {}).items()}
-        if shape == "set":
+
+        def members(plain: dict[str, bytes], entries: dict[str, bytes] | None) -> tuple[bool, Any]:
             for member, flag in (entries or {}).items():
                 if flag != b"1":
                     raise ValueError(f"member {member[:40]!r} holds {flag[:40]!r}, not b'1'")
             return bool(entries), set(entries or ())
-        # The length field is written even for an empty list, so its presence is what counts.
-        raw = plain.get(spec.name)
-        length = 0 if raw is None else parse_int(raw)
-        check_stored(length, LENGTH, what=f"{self.cls.__name__}.{spec.name} length")
-        held = entries or {}
-        if length != len(held):  # checked before anything of that length is built
-            raise ValueError(f"list of length {length} holds {len(held)} entries")
-        items: list[Any] = [None] * length
-        for index, value in held.items():
-            position = parse_int(index.encode())
-            if not 0 <= position < length:  # with as many distinct entries: each index once
-                raise ValueError(f"list of length {length} holds entry {index[:40]!r}")
-            items[position] = dec(value)
-        return raw is not None, items
+
+        what = f"{self.cls.__name__}.{name} length"
+
+        def items(plain: dict[str, bytes], entries: dict[str, bytes] | None) -> tuple[bool, Any]:
+            # The length is written even for an empty list, so its presence is what counts.
+            raw = plain.get(name)
+            length = 0 if raw is None else parse_int(raw)
+            check_stored(length, LENGTH, what=what)
+            held = entries or {}
+            if length != len(held):  # checked before anything of that length is built
+                raise ValueError(f"list of length {length} holds {len(held)} entries")
+            out: list[Any] = [None] * length
+            for index, value in held.items():
+                position = parse_int(index.encode())
+                if not 0 <= position < length:  # as many distinct entries: each index once
+                    raise ValueError(f"list of length {length} holds entry {index[:40]!r}")
+                out[position] = dec(value)
+            return raw is not None, out
+
+        return {"scalar": scalar, "map": mapping, "set": members, "list": items}[spec.shape]
 
 
 def _key(key: Any) -> str:

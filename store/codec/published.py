@@ -10,7 +10,7 @@ replicas merge at once:
     kv        "<label>" = [version, "kv", nil]         header: the label holds a kv info
               "<label>[world_size]" = "4"              max
               "<label>[<rank>]" = ""                   the rank is held (its labels may be none)
-              "<label>[<rank>:<cache label>]" = KVSequenceInfo (see ``sequences``)  other wins
+              "<label>[<rank>:<cache label>]" = KVSequenceInfo (see ``kv``)  other wins
     position  "<label>" = [version, "position", nil]
               "<label>[<counter label>]" = "17"        max
 
@@ -33,7 +33,7 @@ import msgspec
 from mstar.engine.resources import PublishedInfo, PublishedKVInfo, PublishedPositionInfo
 from store.codec.bounds import parse_int
 from store.codec.domains import KV_RANK, POSITION, WORLD_SIZE, IntDomain, check_int, check_stored
-from store.codec.sequences import decode_sequence, encode_sequence
+from store.codec.kv import decode_sequence, encode_sequence
 from store.codec.values import Codec
 from store.errors import (
     CorruptRecordError,
@@ -114,7 +114,7 @@ class _KVParts:
                     raise ValidationError(f"kv cache labels must be str, got {cache!r}", **where)
                 try:
                     value = encode_sequence(seq)
-                except (TypeError, ValueError, OverflowError) as e:
+                except (TypeError, ValueError, OverflowError, RecursionError) as e:
                     raise ValidationError(f"kv rank {rank} {cache!r}: {e}", **where) from e
                 out.append((SET, f"{rank_text}:{cache}", value))
         return out
@@ -133,7 +133,11 @@ class _KVParts:
                 rank = _stored_int(rank_text, KV_RANK, "kv rank", where)
                 labels = by_text[rank_text] = info.setdefault(rank, {})
             if colon:
-                labels[_text(cache, "kv cache label", where)] = decode_sequence(value, where)
+                try:
+                    name = cache.decode()
+                except UnicodeDecodeError:
+                    name = _text(cache, "kv cache label", where)  # raises, naming it
+                labels[name] = decode_sequence(value, where)
             elif value:
                 raise CorruptRecordError(
                     f"kv rank {_shown(rank_text)} marker holds {value[:40]!r}", **where
@@ -298,7 +302,10 @@ class PublishLayout:
             )
         out: dict[str, PublishedInfo] = {}
         for raw_label, head in heads.items():
-            label = _text(raw_label, "publish-info field name", {**where, "field": None})
+            try:
+                label = raw_label.decode()
+            except UnicodeDecodeError:
+                label = _text(raw_label, "publish-info field name", where)  # raises, naming it
             out[label] = self._decode_one(head, parts.get(raw_label), {**where, "field": label})
         return out
 
@@ -312,9 +319,7 @@ class PublishLayout:
             info: PublishedInfo = self.codec.decode_kind(head, PublishedInfo, **where)
             return info
         parts = parts or {}
-        size = 0
-        for part, value in parts.items():
-            size += len(part) + len(value)
+        size = sum(map(len, parts)) + sum(map(len, parts.values()))
         if size > self.codec.max_payload_bytes:
             raise PayloadTooLargeError(size, self.codec.max_payload_bytes, **where)
         try:

@@ -7,7 +7,7 @@ an envelope ``[schema_version, kind_name, payload]`` so that it decodes back to 
 Decoding is bounded by the bytes: msgspec checks every length against its input, numbers of
 the store's own types are checked against their domains (``domains``) while msgspec decodes,
 plain data (``Any``) may nest ``bounds.MAX_DEPTH`` levels and kinds ``MAX_KIND_NESTING``, and
-``KVSequenceInfo`` page indices are decoded only when read (``sequences``).
+``KVSequenceInfo`` page indices are decoded only when read (``kv``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from mstar.engine.resources import KVSequenceInfo
-from store.codec.bounds import check_stored_depth, check_written_depth
+from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo
+from store.codec.bounds import MAX_DEPTH, check_stored_depth, check_written_depth
 from store.codec.domains import VERSION, Domain, IntDomain, check_number, field_domains
 from store.codec.kinds import (
     MAX_KIND_NAME_LENGTH,
@@ -29,7 +29,13 @@ from store.codec.kinds import (
     KindRegistry,
     default_registry,
 )
-from store.codec.sequences import decode_sequence, encode_sequence
+from store.codec.kv import (
+    KVInfoWire,
+    decode_sequence,
+    encode_sequence,
+    kv_info_from_wire,
+    kv_info_to_wire,
+)
 from store.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -73,6 +79,9 @@ class _Plan:
     wire_type: Any
     to_wire: _ToWire | None = None
     from_wire: _FromWire | None = None
+    # For a value whose depth is checked on its own bytes: the decoder of its own type, which
+    # a value decoded on its own (not as a part of another) uses after the check.
+    checked: msgspec.msgpack.Decoder[Any] | None = None
 
 
 class Codec:
@@ -113,6 +122,12 @@ class Codec:
     ) -> bytes:
         """``value`` through its plan, behind ``header`` items when given; size checked."""
         try:
+            if plan.checked is not None and not header:  # on its own: written once
+                data = self._encoder.encode(value)
+                if len(data) > MAX_DEPTH:
+                    _refuse_too_deep(data)
+                self.check_size(data, **where)
+                return data
             payload = plan.to_wire(value) if plan.to_wire else value
             data = self._encoder.encode((*header, payload) if header else payload)
         except StoreError as e:  # a nested value's own error (an unregistered kind): keep it
@@ -134,8 +149,12 @@ class Codec:
     def _decode(self, data: bytes | msgspec.Raw, type_: Any, context: _Context) -> Any:
         where = context.where
         self.check_size(data, **where)
-        plan = self._plan(type_)
+        plan = self._plans.get(type_) or self._plan(type_)
         try:
+            if plan.checked is not None:
+                if len(data) > MAX_DEPTH:
+                    check_stored_depth(data, **where)
+                return plan.checked.decode(data)
             value = self._decoder(plan.wire_type).decode(data)
             return plan.from_wire(value, context) if plan.from_wire else value
         except StoreError as e:  # a nested kind's own error (an unknown kind): keep it
@@ -149,7 +168,7 @@ class Codec:
             raise CorruptRecordError("stored value is nested too deeply to decode", **where) from e
 
     def check_size(self, data: bytes | msgspec.Raw, **where: str | None) -> None:
-        size = len(memoryview(data))
+        size = len(data)
         if size > self.max_payload_bytes:
             raise PayloadTooLargeError(size, self.max_payload_bytes, **where)
 
@@ -238,6 +257,12 @@ class Codec:
                 lambda value: msgspec.Raw(self.encode_kind(value)),
                 lambda raw, context: self._decode_kind(raw, base, context.nested()),
             )
+        if tp is PublishedKVInfo:  # exactly: a subclass may hold more, and goes as any other
+            return _Plan(
+                KVInfoWire,
+                kv_info_to_wire,
+                lambda wire, context: kv_info_from_wire(wire, context.where),
+            )
         if tp is KVSequenceInfo:
             return _Plan(
                 msgspec.Raw,
@@ -286,17 +311,16 @@ class Codec:
 
         def to_wire(value: Any) -> msgspec.Raw:
             data = encoder.encode(value)
-            try:
-                check_written_depth(data)
-            except ValueError as e:
-                raise ValidationError(str(e)) from e
+            if len(data) > MAX_DEPTH:
+                _refuse_too_deep(data)
             return msgspec.Raw(data)
 
         def from_wire(raw: msgspec.Raw, context: _Context) -> Any:
-            check_stored_depth(raw, **context.where)
+            if len(raw) > MAX_DEPTH:
+                check_stored_depth(raw, **context.where)
             return decoder.decode(raw)
 
-        return _Plan(msgspec.Raw, to_wire, from_wire)
+        return _Plan(msgspec.Raw, to_wire, from_wire, decoder)
 
     def _optional_plan(self, tp: Any, args: tuple[Any, ...]) -> _Plan:
         if all(self._inner(a).to_wire is None for a in args):
@@ -351,14 +375,19 @@ class Codec:
                 for n in names
             ],
         )
-        to = {n: p.to_wire or _identity for n, p in plans.items()}
+        converters = [(n, plans[n].to_wire) for n in names]
         back = {n: p.from_wire or _pass for n, p in plans.items()}
-        checks = [(n, d, _slot(hints[n])) for n, d in domains.items()]
+        checks = [
+            (n, _domain_check(d, _slot(hints[n]), f"{cls.__name__}.{n}"))
+            for n, d in domains.items()
+        ]
 
         def to_wire(value: Any) -> dict[str, Any]:
-            for name, domain, slot in checks:
-                _check_slot(getattr(value, name), domain, slot, f"{cls.__name__}.{name}")
-            return {n: to[n](getattr(value, n)) for n in names}
+            for name, check in checks:
+                check(getattr(value, name))
+            return {
+                n: getattr(value, n) if f is None else f(getattr(value, n)) for n, f in converters
+            }
 
         def from_wire(value: Any, context: _Context) -> Any:
             kwargs = {}
@@ -407,19 +436,44 @@ def _slot(tp: Any) -> str:
     return "value"
 
 
-def _check_slot(value: Any, domain: Domain, slot: str, what: str) -> None:
-    if slot == "value":
-        if value is not None:  # an Optional number: None is not in any domain's way
-            check_number(value, domain, what=what)
-        return
-    if slot == "keys" or slot == "values":
-        if not isinstance(value, Mapping):
-            return  # msgspec reports the wrong type when it encodes
-        items = value.keys() if slot == "keys" else value.values()
-    else:
-        items = value
-    for item in items:
-        check_number(item, domain, what=f"{what} {'key' if slot == 'keys' else 'entry'}")
+def _domain_check(domain: Domain, slot: str, what: str) -> Callable[[Any], None]:
+    """A check of the numbers in a field against ``domain`` (``ValidationError``).
+
+    The common case, every number in range, costs one comparison per number; only a number
+    out of it goes to ``check_number``, which says what is wrong.
+    """
+    fits: Callable[[Any], bool] = domain.__contains__
+    if isinstance(domain, IntDomain):
+        low, high = domain.low, domain.high
+
+        def fits(n: Any) -> bool:
+            return type(n) is int and low <= n < high
+
+    def refuse(n: Any, part: str) -> None:
+        check_number(n, domain, what=f"{what}{part}")
+
+    def check_value(value: Any) -> None:
+        if value is not None and not fits(value):  # None: an Optional number, not set
+            refuse(value, "")
+
+    def check_keys(value: Any) -> None:
+        if isinstance(value, Mapping):  # any other type: msgspec names it as it encodes
+            for key in value:
+                if not fits(key):
+                    refuse(key, " key")
+
+    def check_values(value: Any) -> None:
+        if isinstance(value, Mapping):
+            for item in value.values():
+                if not fits(item):
+                    refuse(item, " entry")
+
+    def check_items(value: Any) -> None:
+        for item in value:
+            if not fits(item):
+                refuse(item, " entry")
+
+    return {"value": check_value, "keys": check_keys, "values": check_values}.get(slot, check_items)
 
 
 def _bounded(wire_type: Any, domain: Domain | None) -> Any:
@@ -459,6 +513,13 @@ def _conforms(value: Any, tp: Any) -> bool:
     if isinstance(origin, type):
         return isinstance(value, origin)
     return True
+
+
+def _refuse_too_deep(data: bytes) -> None:
+    try:
+        check_written_depth(data)
+    except ValueError as e:
+        raise ValidationError(str(e)) from e
 
 
 def _identity(value: Any) -> Any:

@@ -19,8 +19,8 @@ from hypothesis import given
 
 from mstar.engine.resources import KVSequenceInfo, PublishedInfo, PublishedKVInfo
 from store import Codec, CorruptRecordError, ValidationError
+from store.codec.kv import LazyKVSequenceInfo, decode_sequence, encode_sequence
 from store.codec.published import PublishLayout
-from store.codec.sequences import LazyKVSequenceInfo, decode_sequence, encode_sequence
 from tests import strategies as s
 
 WHERE: dict[str, str | None] = {"request_id": "r1", "key": "ns:{r1}:pub:llm", "field": "kv"}
