@@ -245,7 +245,7 @@ def partition_states(
         partition_name=name,
         metadata=metadata,
         fwd_pass_number=lua_counts,
-        random_seed=int64,
+        random_seed=st.integers(-(2**63), 2**63 - 2**53 - 1),
         is_done=st.booleans(),
         completed_worker_graph_ids=st.sets(text, max_size=3),
         current_worker_graph_ids=st.sets(text, max_size=3),

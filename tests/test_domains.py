@@ -119,6 +119,7 @@ RECORD = RecordLayout(RequestRecord, Codec())
     [
         (PARTITION, "fwd_pass_number", 2**53, b"9007199254740992"),
         (PARTITION, "num_output_tokens", -1, b"-1"),
+        (PARTITION, "random_seed", 2**63 - 2**53, str(2**63 - 2**53).encode()),
         (PARTITION, "wg_rank_completions", {"wg": -2}, b"-2"),
         (CONNECTION, "token_count", 2**60, str(2**60).encode()),
         (CONNECTION, "consumed_count", -5, b"-5"),

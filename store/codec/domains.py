@@ -93,6 +93,9 @@ Domain = IntDomain | FloatDomain
 
 INT64 = IntDomain("a signed 64-bit int", -INT64_END, INT64_END)
 SEED = IntDomain("a seed", -INT64_END, INT64_END)
+# A partition's seed goes up by one per pass (HINCRBY), and passes stay below 2**53: held
+# this far below the 64-bit end, the increment can never overflow half way through a script.
+PARTITION_SEED = IntDomain("a partition's seed", -INT64_END, INT64_END - LUA_EXACT)
 PASS = IntDomain("a forward pass number", 0, LUA_EXACT)
 TOKENS = IntDomain("a token count", 0, LUA_EXACT)
 COUNT = IntDomain("a count", 0, LUA_EXACT)
@@ -120,7 +123,7 @@ FIELDS: Mapping[type, Mapping[str, Domain]] = {
     },
     PartitionState: {
         "fwd_pass_number": PASS,
-        "random_seed": SEED,
+        "random_seed": PARTITION_SEED,
         "wg_rank_completions": COUNT,
         "num_output_tokens": TOKENS,
     },
