@@ -108,6 +108,7 @@ SEQ_LEN = IntDomain("a sequence length", 0, INT64_END)
 FENCING_TOKEN = IntDomain("a fencing token", 0, LUA_EXACT)
 VERSION = IntDomain("a schema version", 1, LUA_EXACT)
 LENGTH = IntDomain("a list length", 0, LUA_EXACT)
+LIMIT = IntDomain("a limit", 1, 2**31)  # how many items one call returns (due steps, reap)
 TIME = FloatDomain("a time in seconds since the epoch", 0.0, float(LUA_EXACT))
 DURATION = FloatDomain("a duration in seconds", 0.0, float(LUA_EXACT))
 
