@@ -17,6 +17,7 @@ from migrations import (
     m0002_resource_publish_info,
     m0003_worker_graph_ids_as_str,
     m0004_split_published_parts,
+    m0005_compact_kv_sequences,
 )
 from migrations.record import RawRecord, RecordKind
 
@@ -38,6 +39,7 @@ _MODULES: tuple[ModuleType, ...] = (
     m0002_resource_publish_info,
     m0003_worker_graph_ids_as_str,
     m0004_split_published_parts,
+    m0005_compact_kv_sequences,
 )
 
 

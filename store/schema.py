@@ -13,6 +13,8 @@ version up to its own, so an envelope nested inside another value may keep an ol
     v3  worker-graph ids are str, one hash field per id               (migrations/m0003_*)
     v4  kv and position infos in parts "<label>[<part>]" under a header
         ``[4, kind, nil]``, so one script merges them with no WATCH  (migrations/m0004_*)
+    v5  a KV sequence is the array ``[seq_len, transfer info, page indices]``, not a map
+        of its field names; readers decode page indices when read  (migrations/m0005_*)
 
 Rules for evolving the types (see README): a new field needs a default; a rename or type
 change needs a numbered step in ``migrations/``, a bump here, and frozen fixtures of the old
@@ -21,5 +23,5 @@ version under ``tests/fixtures/``.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 VERSION_FIELD = "_v"

@@ -1,9 +1,11 @@
 """Hypothesis strategies for every stored type, and user kinds registered outside the store.
 
-Values stay in what the store promises to keep exactly: integers in the signed 64-bit range
-(what Redis counts with), floats without NaN (NaN != NaN would make equality meaningless), and
-plain data fields (``kwargs``, ``step_metadata``, ``latest_kv_transfer_info``) JSON-like: no
-tuples (MessagePack has one array type, so a tuple comes back a list) and str map keys.
+Values stay in what the store promises to keep exactly: numbers of the store's own types in
+their domains (``store/codec/domains.py``: counts and pass numbers from 0 to below 2**53,
+which Lua compares exactly), other integers in the signed 64-bit range (what Redis counts
+with), floats without NaN (NaN != NaN would make equality meaningless), and plain data fields
+(``kwargs``, ``step_metadata``, ``latest_kv_transfer_info``) JSON-like: no tuples (MessagePack
+has one array type, so a tuple comes back a list) and str map keys.
 """
 
 from __future__ import annotations
@@ -112,6 +114,10 @@ def user_registry() -> KindRegistry:
 
 int64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 counts = st.integers(min_value=0, max_value=2**31)
+# The domains of store/codec/domains.py.
+lua_counts = st.integers(min_value=0, max_value=2**53 - 1)  # passes, tokens, positions
+non_negative64 = st.integers(min_value=0, max_value=2**63 - 1)  # KV ranks, sequence lengths
+times = st.floats(min_value=0, max_value=2**53, exclude_max=True)
 floats = st.floats(allow_nan=False)
 text = st.text(max_size=12)
 # Resource labels name publish-info hash fields "<label>[<part>]" (store/published.py),
@@ -142,18 +148,22 @@ metadata = st.builds(
 
 kv_sequence = st.builds(
     KVSequenceInfo,
-    seq_len=int64,
+    seq_len=non_negative64,
     latest_kv_transfer_info=json_like,
     page_indices=st.lists(int64, max_size=5),
 )
 
 kv_info = st.builds(
     PublishedKVInfo,
-    info=st.dictionaries(int64, st.dictionaries(text, kv_sequence, max_size=2), max_size=3),
-    world_size=int64,
+    info=st.dictionaries(
+        non_negative64, st.dictionaries(text, kv_sequence, max_size=2), max_size=3
+    ),
+    world_size=lua_counts,
 )
 
-position_info = st.builds(PublishedPositionInfo, counters=st.dictionaries(text, int64, max_size=4))
+position_info = st.builds(
+    PublishedPositionInfo, counters=st.dictionaries(text, lua_counts, max_size=4)
+)
 
 sampling_config = st.builds(
     SamplingReqConfig,
@@ -234,13 +244,13 @@ def partition_states(
         PartitionState,
         partition_name=name,
         metadata=metadata,
-        fwd_pass_number=int64,
-        random_seed=int64,
+        fwd_pass_number=lua_counts,
+        random_seed=st.integers(-(2**63), 2**63 - 2**53 - 1),
         is_done=st.booleans(),
         completed_worker_graph_ids=st.sets(text, max_size=3),
         current_worker_graph_ids=st.sets(text, max_size=3),
-        wg_rank_completions=st.dictionaries(text, int64, max_size=3),
-        num_output_tokens=int64,
+        wg_rank_completions=st.dictionaries(text, lua_counts, max_size=3),
+        num_output_tokens=lua_counts,
         curr_forward_outputs=st.lists(text, max_size=4),
         resource_publish_info=st.dictionaries(labels, infos, max_size=3),
     )
@@ -254,7 +264,7 @@ def connection_states(
         from_partition=from_partition,
         to_partition=to_partition,
         edge_name=text,
-        token_count=int64,
-        consumed_count=int64,
+        token_count=lua_counts,
+        consumed_count=lua_counts,
         producer_done=st.booleans(),
     )

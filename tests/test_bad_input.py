@@ -212,7 +212,7 @@ def report(store: RequestStore, **changes: Any) -> Any:
 
 
 BAD_ARGUMENTS: list[tuple[str, Callable[[RequestStore], Any], str]] = [
-    ("fwd_pass str", lambda st: report(st, fwd_pass="0"), "fwd_pass must be an int >= 0, got '0'"),
+    ("fwd_pass str", lambda st: report(st, fwd_pass="0"), "fwd_pass must be an int >= 0.*got '0'"),
     ("fwd_pass float", lambda st: report(st, fwd_pass=0.0), "fwd_pass must be an int"),
     ("fwd_pass bool", lambda st: report(st, fwd_pass=False), "fwd_pass must be an int"),
     ("fwd_pass negative", lambda st: report(st, fwd_pass=-1), "fwd_pass must be an int >= 0"),
@@ -480,6 +480,52 @@ def test_corrupt_meta_field(
     fresh = RequestStore(client, namespace=store.keys.namespace)  # no cached topology
     with pytest.raises(CorruptRecordError):
         fresh.load_request(RID)
+
+
+# -- what readers met in the issue: every reader ends in a typed error, at once ------------------
+
+ISSUE_DAMAGE = [
+    ("part:llm", "curr_forward_outputs", b"9" * 20, "curr_forward_outputs", "20-digit length"),
+    ("part:llm", "curr_forward_outputs", b"1000000000", "curr_forward_outputs", "huge length"),
+    ("meta", "partitions", str(2**53 - 1).encode(), "partitions", "huge partitions length"),
+    ("part:llm", "fwd_pass_number", str(2**63).encode(), "fwd_pass_number", "int >= 2**63"),
+    ("part:llm", "fwd_pass_number", b"-3", "fwd_pass_number", "negative pass"),
+    ("part:llm", "fwd_pass_number", b"03", "fwd_pass_number", "non-canonical pass"),
+    ("part:llm", "wg_rank_completions[wg]", b"-1", "wg_rank_completions", "negative counter"),
+    ("conn:llm->codec", "consumed_count", str(2**53).encode(), "consumed_count", "huge count"),
+    ("part:llm", "partition_name", b"\xff\xfe", "partition_name", "non-UTF-8 value"),
+    ("part:llm", "current_worker_graph_ids[\xff]", b"1", "current_worker_graph_ids[\\xff]",
+     "non-UTF-8 name"),
+    ("part:llm", "partition_name", b"x" * (4 * 1024 * 1024 + 1), "partition_name", "5 MiB string"),
+    ("pub:llm", "kv", envelope(SCHEMA_VERSION, "kv", None), "kv", "kv header without parts"),
+    ("pub:llm", "label", b"\x93\x05\xa2kv\xdd\xff\xff\xff\xff", "label", "array of 4G items"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("suffix", "raw_field", "value", "field"),
+    [(k, f, v, n) for k, f, v, n, _ in ISSUE_DAMAGE],
+    ids=[why for *_, why in ISSUE_DAMAGE],
+)
+def test_damage_the_issue_met_is_a_typed_error_for_every_reader(
+    store: RequestStore, client: redis.Redis, suffix: str, raw_field: str, value: bytes, field: str
+) -> None:
+    create(store)
+    key = store.keys.request_prefix(RID) + suffix
+    client.hset(key, raw_field.encode("latin-1"), value)
+    reads: list[Callable[[], Any]] = [lambda: store.load_request(RID)]
+    if suffix == "meta":
+        reads.append(lambda: store.load_record(RID))
+    elif suffix.startswith("conn:"):
+        reads.append(lambda: store.load_connection(RID, CONN))
+    else:
+        reads.append(lambda: store.load_partition(RID, "llm"))
+    too_large = len(value) > Codec().max_payload_bytes
+    expected = PayloadTooLargeError if too_large else CorruptRecordError
+    for read in reads:
+        with pytest.raises(expected) as caught:
+            read()
+        assert (caught.value.request_id, caught.value.key, caught.value.field) == (RID, key, field)
 
 
 def test_corrupt_connection_field(store: RequestStore, client: redis.Redis) -> None:

@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 
 import fakeredis
+import msgspec
 import pytest
 import redis
 
@@ -198,6 +199,30 @@ def test_ls_flags_an_index_entry_without_its_request(
     assert any(line.startswith("r-1") and "llm: pass 1" in line for line in lines)
 
 
+def test_ls_prints_a_line_for_each_damaged_request_and_goes_on(
+    run: Run, store: RequestStore, client: redis.Redis
+) -> None:
+    for rid in ("r-1", "r-2", "r-3", "r-4"):
+        seed_request(store, rid)
+    llm = store.keys.partition("r-1", "llm")
+    client.hset(llm, "curr_forward_outputs", b"9" * 20)  # a length no list can have
+    client.hset(store.keys.connection("r-2", "llm->codec"), "token_count", b"-4")
+    client.hset(store.keys.lease("r-3"), b"holder[\xff]", b"replica-1")
+
+    lines = run("ls").out.splitlines()
+
+    assert lines[0].startswith("4 requests")
+    by_id = {line.split()[0]: line for line in lines[1:]}
+    assert by_id["r-1"] == (
+        f"r-1  unreadable: key {llm!r}, field 'curr_forward_outputs': "
+        "PartitionState.curr_forward_outputs does not decode: "
+        f"{b'9' * 20!r} is not a decimal integer"
+    )
+    assert "field 'token_count'" in by_id["r-2"] and "outside its domain" in by_id["r-2"]
+    assert by_id["r-3"].startswith("r-3  unreadable: ")
+    assert "llm: pass 1 tokens 3" in by_id["r-4"]
+
+
 # -- show ------------------------------------------------------------------------------------
 
 
@@ -256,6 +281,24 @@ def test_show_json_parses_back_to_the_stored_state(run: Run, store: RequestStore
     ]
     assert llm["resource_publish_info"]["position"]["value"] == {"counters": {"main": 20}}
     assert data["connections"]["llm->codec"]["token_count"] == 3
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_show_of_a_damaged_request_is_one_line_and_exit_1(
+    run: Run, store: RequestStore, client: redis.Redis, as_json: bool
+) -> None:
+    seed_request(store, "r-1")
+    seed_request(store, "r-2")
+    client.hset(store.keys.partition("r-1", "llm"), "fwd_pass_number", str(2**53).encode())
+    pages = msgspec.msgpack.encode([20, None, msgspec.msgpack.encode(["x"])])
+    client.hset(store.keys.publish_info("r-2", "llm"), "kv[0:main]", pages)  # read lazily
+
+    for rid, field in (("r-1", "fwd_pass_number"), ("r-2", "kv")):
+        result = run("show", rid, *(["--json"] if as_json else []))
+
+        assert (result.code, result.out) == (1, "")
+        assert result.err.startswith("error: ") and result.err.count("\n") == 1
+        assert f"field '{field}'" in result.err
 
 
 def test_show_of_a_missing_request_is_an_error(run: Run) -> None:

@@ -129,14 +129,15 @@ def test_connection_roundtrip(conn: StreamingConnectionState) -> None:
 request_records = st.builds(
     RequestRecord,
     request_id=s.text,
-    max_output_tokens=s.int64,
+    max_output_tokens=s.lua_counts,
     seed=s.int64,
     partitions=st.lists(s.names, max_size=3),
     connections=st.lists(s.text, max_size=3),
     partition_definitions=st.dictionaries(s.text, s.partition_definitions, max_size=2),
     resource_configs=st.dictionaries(s.text, s.user_configs, max_size=3),
     final_outputs=s.json_dicts,
-    created_at=s.floats,
+    created_at=s.times,
+    finished_at=s.times,
 )
 
 
@@ -235,7 +236,7 @@ def good_partition_hash() -> dict[bytes, bytes]:
         ("fwd_pass_number", b"1" * 21, "is not a decimal integer"),
         ("is_done", b"yes", "is not a flag"),
         ("is_done", b"", "is not a flag"),
-        ("curr_forward_outputs", b"3", "list holds entries"),
+        ("curr_forward_outputs", b"3", "list of length 3 holds 2 entries"),
         ("curr_forward_outputs", b"x", "is not a decimal integer"),
         ("metadata", b"\x81", "does not decode as CurrentForwardConductorMetadata"),
         ("metadata", b"\xc1", "malformed"),
@@ -267,7 +268,7 @@ def test_decode_bad_map_value_names_the_attribute() -> None:
 def test_decode_list_with_a_hole() -> None:
     raw = good_partition_hash()
     del raw[b"curr_forward_outputs[0]"]
-    with pytest.raises(CorruptRecordError, match="list holds entries") as info:
+    with pytest.raises(CorruptRecordError, match="list of length 2 holds 1 entries") as info:
         PARTITION.decode(raw, **WHERE)
     assert info.value.field == "curr_forward_outputs"
 

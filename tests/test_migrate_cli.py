@@ -85,8 +85,8 @@ def test_a_bad_record_is_named_the_others_upgraded_and_the_exit_code_is_1(
     fake: Any, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store_fixture(fake, namespace, MIXED)
-    assert MIXED["r04"] == 1
-    bad = record_keys(namespace, "r04")[2]  # a v1 partition
+    assert MIXED["r05"] == 1
+    bad = record_keys(namespace, "r05")[2]  # a v1 partition
     fake.hset(bad, "per_label_seq_info", b"\xc1")
 
     code = cli.main(["migrate", "--namespace", namespace, "--batch", "2"])
@@ -98,8 +98,8 @@ def test_a_bad_record_is_named_the_others_upgraded_and_the_exit_code_is_1(
     assert len(failures) == 1 and failures[0].startswith(f"failed: {bad}: ")
     assert "per_label_seq_info does not decode" in failures[0]
     now = CURRENT[0]
-    assert versions_held(fake, namespace, "r04") == [now, now, b"1", now]
-    assert all(versions_held(fake, namespace, rid) == CURRENT for rid in MIXED if rid != "r04")
+    assert versions_held(fake, namespace, "r05") == [now, now, b"1", now]
+    assert all(versions_held(fake, namespace, rid) == CURRENT for rid in MIXED if rid != "r05")
 
 
 @pytest.mark.fake

@@ -22,6 +22,7 @@ from migrations import RawRecord, RecordKind
 from migrations import m0002_resource_publish_info as m0002
 from migrations import m0003_worker_graph_ids_as_str as m0003
 from migrations import m0004_split_published_parts as m0004
+from migrations import m0005_compact_kv_sequences as m0005
 from migrations.record import envelope_version, stamp_envelope
 from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
 from mstar.engine.resources import (
@@ -187,9 +188,10 @@ def test_m0004_splits_kv_and_position_infos_and_restamps_the_rest() -> None:
         "wide": encode((4, "kv", wide)),  # a rank beyond int64: kept whole
         "far": encode((4, "position", {"counters": {"a": 1, "b": -(2**53)}})),
     }
-    decoded = PublishLayout(Codec(s.user_registry())).decode(
-        {k.encode(): v for k, v in new.published.items()}
-    )
+    # Read today through the next step; the other labels hold numbers outside today's
+    # domains (negative, or beyond what Lua compares), which read as corrupt now.
+    current = {k.encode(): v for k, v in m0005.upgrade(new).published.items()}
+    decoded = PublishLayout(Codec(s.user_registry())).decode(current, ["kv"])
     assert decoded["kv"] == PublishedKVInfo(
         info={
             0: {"kv": KVSequenceInfo(5, ["h", 1], [3])},
@@ -198,19 +200,22 @@ def test_m0004_splits_kv_and_position_infos_and_restamps_the_rest() -> None:
         },
         world_size=4,
     )
-    assert decoded["pos"] == PublishedPositionInfo({"a": 7, "b": -2})
-    assert decoded["big"] == PublishedKVInfo({0: {"kv": KVSequenceInfo(1)}}, world_size=2**60)
+    for label in ("pos", "big", "wide", "far"):
+        with pytest.raises(CorruptRecordError, match=r"outside its domain|Expected `int`"):
+            PublishLayout(Codec(s.user_registry())).decode(current, [label])
 
 
-def test_m0004_only_restamps_the_other_records() -> None:
-    config = encode((3, "sampling", {"seed": 7}))
-    meta = RawRecord(RecordKind.META, 3, {"resource_configs[s]": config, "seed": b"7"})
-    assert m0004.upgrade(meta).fields == {
-        "resource_configs[s]": encode((4, "sampling", {"seed": 7})),
+@pytest.mark.parametrize("step", [m0004, m0005], ids=["m0004", "m0005"])
+def test_the_published_steps_only_restamp_the_other_records(step: Any) -> None:
+    old = step.VERSION - 1
+    config = encode((old, "sampling", {"seed": 7}))
+    meta = RawRecord(RecordKind.META, old, {"resource_configs[s]": config, "seed": b"7"})
+    assert step.upgrade(meta).fields == {
+        "resource_configs[s]": encode((step.VERSION, "sampling", {"seed": 7})),
         "seed": b"7",
     }
-    conn = RawRecord(RecordKind.CONNECTION, 3, {"token_count": b"3"})
-    assert m0004.upgrade(conn) == conn
+    conn = RawRecord(RecordKind.CONNECTION, old, {"token_count": b"3"})
+    assert step.upgrade(conn) == conn
 
 
 @pytest.mark.parametrize(
@@ -232,11 +237,77 @@ def test_m0004_refuses_what_it_cannot_read_or_store(published: dict[str, bytes],
 def test_m0004_writes_exactly_what_the_store_writes_today(label: str, info: PublishedInfo) -> None:
     """The step's frozen decoders and encoder agree byte for byte with today's codec."""
     codec = Codec(s.user_registry())
-    v3 = stamp_envelope(codec.encode_kind(info), 3)
+    v3 = stamp_envelope(_v4_encoding(codec, info), 3)
 
-    new = m0004.upgrade(RawRecord(RecordKind.PARTITION, 3, {}, {label: v3}))
+    new = migrations.upgrade(RawRecord(RecordKind.PARTITION, 3, {}, {label: v3}))
 
     assert dict(new.published) == PublishLayout(codec).encode(label, info)
+
+
+def _v4_encoding(codec: Codec, info: PublishedInfo) -> bytes:
+    """``info`` as the codec of v3 and v4 wrote it: a KV sequence was a map of its fields."""
+    data = codec.encode_kind(info)
+    if not isinstance(info, PublishedKVInfo):
+        return data
+    version, kind, _ = msgspec.msgpack.decode(data)
+    return encode((version, kind, msgspec.to_builtins(info)))
+
+
+def test_m0005_stores_kv_sequences_as_arrays_and_restamps_the_rest() -> None:
+    whole = {"info": {0: {"kv": {"seq_len": 3}}}, "world_size": 2}  # v3 defaults, kept whole
+    old = RawRecord(
+        RecordKind.PARTITION,
+        4,
+        {"partition_name": b"p"},
+        {
+            "kv": encode((4, "kv", None)),
+            "kv[world_size]": b"4",
+            "kv[0]": b"",
+            "kv[0:kv]": _seq(5, {"host": "h"}, [3, 70000]),
+            "kv[0:a:b]": _seq(0),
+            "pos": encode((4, "position", None)),
+            "pos[0:x]": b"7",  # a position counter named like a kv part stays as it is
+            "big": encode((4, "kv", whole)),
+            "score": encode((4, "test.score", {"scores": {"x": 1.5}})),
+        },
+    )
+
+    new = m0005.upgrade(old)
+
+    assert new.fields == old.fields
+    assert dict(new.published) == {
+        "kv": encode((5, "kv", None)),
+        "kv[world_size]": b"4",
+        "kv[0]": b"",
+        "kv[0:kv]": encode([5, {"host": "h"}, encode([3, 70000])]),
+        "kv[0:a:b]": encode([0, None, encode([])]),
+        "pos": encode((5, "position", None)),
+        "pos[0:x]": b"7",
+        "big": encode((5, "kv", {"info": {0: {"kv": [3, None, encode([])]}}, "world_size": 2})),
+        "score": encode((5, "test.score", {"scores": {"x": 1.5}})),
+    }
+    decoded = PublishLayout(Codec(s.user_registry())).decode(
+        {k.encode(): v for k, v in new.published.items()}
+    )
+    assert decoded["kv"] == PublishedKVInfo(
+        {0: {"kv": KVSequenceInfo(5, {"host": "h"}, [3, 70000]), "a:b": KVSequenceInfo()}},
+        world_size=4,
+    )
+    assert decoded["big"] == PublishedKVInfo({0: {"kv": KVSequenceInfo(3)}}, world_size=2)
+
+
+@pytest.mark.parametrize(
+    ("published", "why"),
+    [
+        ({"kv": encode((4, "kv", None)), "kv[0:c]": b"\xc1"}, "'kv[0:c]' does not decode"),
+        ({"kv": encode((4, "kv", None)), "kv[0:c]": encode([1])}, "'kv[0:c]' does not decode"),
+        ({"kv": encode((4, "kv", {"info": {"r": {}}}))}, "'kv' does not decode"),
+        ({"x": b"\xc1"}, "'x' does not decode"),
+    ],
+)
+def test_m0005_refuses_what_it_cannot_read(published: dict[str, bytes], why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        m0005.upgrade(RawRecord(RecordKind.PARTITION, 4, {}, published))
 
 
 def test_the_registry_is_ordered_and_ends_at_the_schema_version() -> None:
@@ -526,15 +597,17 @@ def test_migrate_upgrades_every_record_and_a_second_run_changes_nothing(
 def test_dry_run_reports_what_would_change_and_changes_nothing(
     client: redis.Redis, namespace: str
 ) -> None:
-    store_fixture(client, namespace, _mixed(12))
+    requests = _mixed(12)
+    store_fixture(client, namespace, requests)
     client.hset(record_keys(namespace, "r00000")[1], "per_label_seq_info", b"\xc1")
     before = snapshot(client, namespace)
 
     report = migrate_namespace(client, namespace, dry_run=True)
 
+    current = RECORDS_PER_REQUEST * sum(v == SCHEMA_VERSION for v in requests.values())
     assert snapshot(client, namespace) == before
-    assert report.dry_run and report.seen == 48 and report.current == 12  # 3 current requests
-    assert report.upgraded == 35
+    assert report.dry_run and report.seen == 48 and report.current == current
+    assert report.upgraded == 48 - current - 1
     assert [key for key, _ in report.failed] == [record_keys(namespace, "r00000")[1]]
 
 

@@ -8,6 +8,7 @@ compare exactly) falls back to the optimistic path and still merges correctly.
 from __future__ import annotations
 
 import copy
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +84,7 @@ def seq(seq_len: int, transfer: Any = None, pages: list[int] | None = None) -> K
 KV_LABELS = ("kv", "draft kv")
 POSITION_LABELS = ("pos", "pos:2")
 CACHE_LABELS = ("kv", "a:b", "x]", "", "ü")
-big = st.integers(-EXACT, EXACT)
+big = st.integers(0, EXACT)
 transfer_infos = (
     st.none()
     | st.fixed_dictionaries({"host": st.text(max_size=4), "port": st.integers(0, 65535)})
@@ -94,7 +95,7 @@ kv_infos = st.builds(
     PublishedKVInfo,
     info=st.dictionaries(
         # Mostly the same few ranks and cache labels, so merges overwrite each other.
-        st.sampled_from((0, 1, 2, -(2**63), 2**63 - 1)),
+        st.sampled_from((0, 1, 2, 2**63 - 1)),
         st.dictionaries(
             st.just("kv") | st.sampled_from(CACHE_LABELS),
             st.builds(
@@ -111,7 +112,7 @@ kv_infos = st.builds(
 )
 position_infos = st.builds(
     PublishedPositionInfo,
-    st.dictionaries(st.sampled_from(("a", "b", "c:d", "")), st.integers(-3, 20) | big, max_size=3),
+    st.dictionaries(st.sampled_from(("a", "b", "c:d", "")), st.integers(0, 20) | big, max_size=3),
 )
 # One to four labels, KV among them: a KV merge sent again is the one that could undo a newer one.
 merges = st.tuples(
@@ -195,55 +196,78 @@ def test_a_kv_info_merged_into_another_kind_is_refused_naming_the_label(
     assert raw_published(store, rid) == before
 
 
-# -- (c) numbers beyond what Lua compares exactly ------------------------------------------
+# -- (c) numbers outside their domains --------------------------------------------------
 
 
-def test_a_huge_world_size_is_stored_whole_and_still_merges(store: RequestStore) -> None:
-    neighbour = PublishedPositionInfo({"a": 3})  # "kv2" shares a prefix with "kv"
-    rid = create(store, {"kv2": neighbour})
-    small = PublishedKVInfo({0: {"kv": seq(1)}, 1: {}}, world_size=2)
-    huge = PublishedKVInfo({1: {"kv": seq(7, ["h", 1])}}, world_size=2**60)
-    later = PublishedKVInfo({2: {"draft": seq(3)}}, world_size=4)
-    expected = {"kv2": copy.deepcopy(neighbour)}
-    for other in (small, huge, later):
-        merged = store.merge_publish_info(rid, "p", {"kv": other})
-        merge_publish_info(expected, {"kv": copy.deepcopy(other)})
-        assert merged == {"kv": expected["kv"]}
-
-    assert expected["kv"] == PublishedKVInfo(
-        {0: {"kv": seq(1)}, 1: {"kv": seq(7, ["h", 1])}, 2: {"draft": seq(3)}}, world_size=2**60
-    )
-    assert store.load_partition(rid, "p").resource_publish_info == expected
-    # The label is one whole envelope now: its parts were removed, its neighbour's kept.
-    assert raw_published(store, rid) == {
-        b"kv": store.codec.encode_kind(expected["kv"]),
-        b"kv2": header("position"),
-        b"kv2[a]": b"3",
-    }
-    assert store.stats.server_merges == 1  # only the first, before the label went whole
-
-
-def test_a_huge_counter_keeps_a_position_info_whole(store: RequestStore) -> None:
-    rid = create(store, {"pos": PublishedPositionInfo({"a": 1, "b": 2})})
-    store.merge_publish_info(rid, "p", {"pos": PublishedPositionInfo({"b": -(2**60)})})
-    merged = store.merge_publish_info(rid, "p", {"pos": PublishedPositionInfo({"c": 2**62})})
-
-    expected = PublishedPositionInfo({"a": 1, "b": 2, "c": 2**62})
-    assert merged == {"pos": expected}
-    assert raw_published(store, rid) == {b"pos": store.codec.encode_kind(expected)}
+@pytest.mark.parametrize(
+    ("info", "why"),
+    [
+        (PublishedKVInfo(world_size=2**53), "kv world_size must be an int >= 0 and < 2**53"),
+        (PublishedKVInfo(world_size=-1), "kv world_size must be an int >= 0"),
+        (PublishedKVInfo({-1: {}}), "kv rank must be an int >= 0 and < 2**63"),
+        (PublishedKVInfo({2**63: {}}), "kv rank must be an int >= 0 and < 2**63"),
+        (PublishedKVInfo({0: {"kv": seq(-1)}}), "seq_len must be an int >= 0"),
+        (PublishedPositionInfo({"a": 2**53}), "position 'a' must be an int >= 0 and < 2**53"),
+        (PublishedPositionInfo({"a": -1}), "position 'a' must be an int >= 0"),
+    ],
+    ids=["huge world", "negative world", "negative rank", "rank beyond int64", "negative seq_len",
+         "huge position", "negative position"],
+)  # fmt: skip
+def test_numbers_outside_their_domains_are_refused_before_any_write(
+    store: RequestStore, info: PublishedInfo, why: str
+) -> None:
+    """Lua compares world sizes and positions exactly only below 2**53, and none of these
+    is negative: such a number is refused rather than stored where a script misreads it."""
+    rid = create(store, {"held": PublishedPositionInfo({"a": 1})})
+    before = raw_published(store, rid)
+    for write in (
+        lambda: store.merge_publish_info(rid, "p", {"x": info}),
+        lambda: create(store, {"x": info}),
+    ):
+        with pytest.raises(ValidationError, match=re.escape(why)) as caught:
+            write()
+        assert caught.value.field == "x"
+    assert raw_published(store, rid) == before
 
 
-def test_a_rank_beyond_int64_keeps_a_kv_info_whole(store: RequestStore) -> None:
-    """A part name "<rank>" must read back as a 64-bit int; msgpack takes ranks up to 2**64."""
+def test_a_kv_info_held_whole_is_read_and_merged_into_parts(store: RequestStore) -> None:
+    """Older code kept some KV infos whole; they still read and merge, then sit in parts."""
     rid = create(store)
-    wide = PublishedKVInfo({2**64 - 1: {"kv": seq(1)}}, world_size=2)
-    store.merge_publish_info(rid, "p", {"kv": PublishedKVInfo({0: {"kv": seq(2)}})})
-    merged = store.merge_publish_info(rid, "p", {"kv": wide})
+    held = PublishedKVInfo({0: {"kv": seq(1, None, [4])}}, world_size=2)
+    store.client.hset(store.keys.publish_info(rid, "p"), "kv", store.codec.encode_kind(held))
+    assert store.load_partition(rid, "p").resource_publish_info == {"kv": held}
 
-    expected = PublishedKVInfo({0: {"kv": seq(2)}, 2**64 - 1: {"kv": seq(1)}}, world_size=2)
+    merged = store.merge_publish_info(rid, "p", {"kv": PublishedKVInfo({1: {"kv": seq(2)}})})
+
+    expected = PublishedKVInfo({0: {"kv": seq(1, None, [4])}, 1: {"kv": seq(2)}}, world_size=2)
     assert merged == {"kv": expected}
     assert store.load_partition(rid, "p").resource_publish_info == {"kv": expected}
-    assert raw_published(store, rid) == {b"kv": store.codec.encode_kind(expected)}
+    assert raw_published(store, rid)[b"kv"] == header("kv")
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        PublishedKVInfo({0: {}}, world_size=2**60),
+        PublishedKVInfo({-5: {}}),
+        PublishedPositionInfo({"a": -(2**60)}),
+    ],
+    ids=["huge world size", "negative rank", "negative position"],
+)
+def test_a_whole_info_outside_its_domains_is_corrupt(
+    store: RequestStore, held: PublishedInfo
+) -> None:
+    """What older code kept whole because Lua could not compare it reads as damage now."""
+    rid = create(store)
+    pub = store.keys.publish_info(rid, "p")
+    whole = msgspec.msgpack.encode(
+        (SCHEMA_VERSION, store.codec.registry.name_of(type(held)), msgspec.to_builtins(held))
+    )
+    store.client.hset(pub, "x", whole)
+    expected = r"Expected `int` (>= 0|<= 9007199254740991)"
+    with pytest.raises(CorruptRecordError, match=expected) as caught:
+        store.load_partition(rid, "p")
+    assert (caught.value.key, caught.value.field) == (pub, "x")
 
 
 @pytest.mark.parametrize(
@@ -271,17 +295,17 @@ def test_ill_typed_numbers_are_refused_before_any_write(
 def test_kv_and_position_infos_are_written_in_parts(store: RequestStore) -> None:
     infos: dict[str, PublishedInfo] = {
         "kv": PublishedKVInfo({0: {"c": seq(3, None, [1])}, 1: {}}, world_size=2),
-        "pos": PublishedPositionInfo({"a": 5, "b:c": -1}),
+        "pos": PublishedPositionInfo({"a": 5, "b:c": 0}),
     }
     layout = {
         b"kv": header("kv"),
         b"kv[world_size]": b"2",
         b"kv[0]": b"",
-        b"kv[0:c]": b"\x83\xa7seq_len\x03\xb7latest_kv_transfer_info\xc0\xacpage_indices\x91\x01",
+        b"kv[0:c]": b"\x93\x03\xc0\xc4\x02\x91\x01",  # [seq_len, transfer, bin([1])]
         b"kv[1]": b"",
         b"pos": header("position"),
         b"pos[a]": b"5",
-        b"pos[b:c]": b"-1",
+        b"pos[b:c]": b"0",
     }
     assert header("kv") == b"\x93" + bytes([SCHEMA_VERSION]) + b"\xa2kv\xc0"
 
@@ -310,15 +334,44 @@ def test_labels_that_would_read_as_parts_are_refused(store: RequestStore, label:
 # -- (e) corrupt parts -----------------------------------------------------------------------
 
 
+KV = {"kv": header("kv"), "kv[world_size]": b"2"}
+POS = {"pos": header("position")}
+DEEP_TRANSFER: Any = []
+for _ in range(70):
+    DEEP_TRANSFER = [DEEP_TRANSFER]
+
+
 @pytest.mark.parametrize(
     ("fields", "field", "why"),
     [
         ({"kv[0]": b"", "kv[world_size]": b"2"}, "kv", "parts without their header"),
-        ({"kv": header("kv"), "kv[x]": b""}, "kv", "'x' is not an integer"),
-        ({"kv": header("kv"), "kv[world_size]": b"2.5"}, "kv", "'2.5' is not an integer"),
-        ({"kv": header("kv"), "kv[0:c]": b"\xc1"}, "kv", "does not decode as KVSequenceInfo"),
-        ({"pos": header("position"), "pos[a]": b"x"}, "pos", "'x' is not an integer"),
+        ({**KV, "kv[x]": b""}, "kv", "kv rank: b'x' is not a decimal integer"),
+        ({**KV, "kv[-1]": b""}, "kv", "stored kv rank -1 is outside its domain"),
+        ({**KV, "kv[01]": b""}, "kv", "b'01' is not a decimal integer"),
+        ({**KV, "kv[0]": b"x"}, "kv", "kv rank 0 marker holds b'x'"),
+        ({"kv": header("kv"), "kv[0]": b""}, "kv", "kv parts without their world_size"),
+        ({"kv": header("kv"), "kv[world_size]": b"2.5"}, "kv", "b'2.5' is not a decimal"),
+        ({"kv": header("kv"), "kv[world_size]": str(2**53).encode()}, "kv", "outside its domain"),
+        ({"kv": header("kv"), "kv[world_size]": b"1" * 25}, "kv", "is not a decimal integer"),
+        ({**KV, "kv[0:c]": b"\xc1"}, "kv", "KVSequenceInfo is not an array or a map"),
+        ({**KV, "kv[0:c]": encode({})}, "kv", "missing required field `seq_len`"),
+        ({**KV, "kv[0:c]": encode([1, None])}, "kv", "KVSequenceInfo"),
+        ({**KV, "kv[0:c]": encode([-1, None, b"\x90"])}, "kv", "Expected `int` >= 0"),
+        ({**KV, "kv[0:c]": encode([1, None, [1]])}, "kv", "Expected `bytes`, got `array`"),
+        ({**KV, "kv[0:c]": encode([1, None, b"\xa1x"])}, "kv", "page indices are not an array"),
+        ({**KV, "kv[0:c]": encode([1, None, b""])}, "kv", "page indices are not an array"),
+        ({**KV, "kv[0:c]": encode({"seq_len": 1})}, "kv", "missing required field"),
+        ({**KV, "kv[0:c]": encode([1, DEEP_TRANSFER, b"\x90"])}, "kv", "nested deeper than 64"),
+        ({**POS, "pos[a]": b"x"}, "pos", "b'x' is not a decimal integer"),
+        ({**POS, "pos[a]": b"-1"}, "pos", "stored position 'a' -1 is outside its domain"),
+        ({**POS, "pos[a]": b"-0"}, "pos", "is not a decimal integer"),
         ({"kv": header("kv"), "kv[0": b""}, "kv[0", "malformed publish-info field name"),
+        (
+            {"x": Codec().encode_kind(PublishedPositionInfo({"a": 1})), "x[a]": b"1"},
+            "x",
+            "a whole publish info with parts beside it",
+        ),
+        ({b"k\xff": header("kv")}, "k\\xff", "publish-info field name is not UTF-8"),
     ],
 )
 def test_corrupt_parts_are_reported_by_key_and_field(

@@ -236,7 +236,7 @@ def test_partitions_roundtrip_through_the_store(store: RequestStore, data: st.Da
         rid,
         partitions=partitions,
         connections=connections,
-        max_output_tokens=data.draw(s.int64),
+        max_output_tokens=data.draw(s.lua_counts),
         seed=data.draw(s.int64),
         resource_configs=configs,
         partition_definitions=definitions,

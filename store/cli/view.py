@@ -20,7 +20,7 @@ from mstar.conductor.request_info import PartitionState, StreamingConnectionStat
 from mstar.engine.resources import PublishedKVInfo, PublishedPositionInfo
 from store.cli.main import add_common_options, open_store
 from store.codec.kinds import POLYMORPHIC_BASES, KindRegistry
-from store.errors import CorruptRecordError, RequestNotFound
+from store.errors import RequestNotFound, StoreError
 from store.records import Lease, RequestState
 
 # Shown in the request's header or as sections of their own, not as record fields.
@@ -53,13 +53,28 @@ def run_ls(args: argparse.Namespace) -> int:
                 line += driver_summary(store.leases(rid), now)
             except RequestNotFound:
                 line = "not held: its create or delete was interrupted (stale index entry)"
-            except CorruptRecordError as e:  # one bad record must not hide the others
-                line = f"unreadable: {e}"
+            except StoreError as e:  # one damaged request must not hide the others
+                line = unreadable(e)
+            except ValueError as e:  # an error the library has not typed: still one line
+                line = f"unreadable: {type(e).__name__}: {e}"
             print(f"{rid:<{width}}  {line}")
     return 0
 
 
+def unreadable(error: StoreError) -> str:
+    """``unreadable: key '<key>', field '<field>': <why>`` for a request that does not read."""
+    where = ", ".join(
+        f"{name} {value!r}" for name, value in (("key", error.key), ("field", error.field)) if value
+    )
+    return f"unreadable: {where + ': ' if where else ''}{error.reason}"
+
+
 def run_show(args: argparse.Namespace) -> int:
+    """Print one request; a damaged one is an error (one line, exit 1), from ``main``.
+
+    Page indices are decoded as they are printed, so damage to them shows up here too,
+    before anything is printed: the lines are built first.
+    """
     with open_store(args) as store:
         state = store.load_request(args.request_id)
         registry = store.codec.registry

@@ -19,18 +19,28 @@ not attributes.
 from __future__ import annotations
 
 import dataclasses
-import re
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
+from store.codec.bounds import decode_text, parse_int
+from store.codec.domains import (
+    LENGTH,
+    Domain,
+    IntDomain,
+    check_number,
+    check_stored,
+    field_domains,
+)
 from store.codec.values import Codec
 from store.errors import CorruptRecordError, StoreError, ValidationError
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
 
 R = TypeVar("R")
+Where = dict[str, "str | None"]
+_Read = Callable[[dict[str, bytes], "dict[str, bytes] | None"], tuple[bool, Any]]
 
-_INT = re.compile(rb"-?[0-9]{1,20}")
+_CURRENT = str(SCHEMA_VERSION).encode()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,12 +49,6 @@ class _Scalar:
 
     encode: Callable[[Any], bytes]
     decode: Callable[[bytes], Any]
-
-
-def _decode_int(raw: bytes) -> int:
-    if not _INT.fullmatch(raw):
-        raise ValueError(f"{raw[:40]!r} is not a decimal integer")
-    return int(raw)
 
 
 def _decode_bool(raw: bytes) -> bool:
@@ -72,14 +76,53 @@ def _encode_bool(value: Any) -> bytes:
 def _encode_str(value: Any) -> bytes:
     if not isinstance(value, str):
         raise TypeError(f"expected str, got {type(value).__name__}")
-    return value.encode()
+    return value.encode()  # its size is checked by the layout, which knows the limit
 
 
 NATIVE: dict[Any, _Scalar] = {
-    int: _Scalar(_encode_int, _decode_int),
+    int: _Scalar(_encode_int, parse_int),
     bool: _Scalar(_encode_bool, _decode_bool),
-    str: _Scalar(_encode_str, lambda raw: raw.decode()),
+    str: _Scalar(_encode_str, decode_text),
 }
+
+
+def _within(scalar: _Scalar, domain: Domain, what: str) -> _Scalar:
+    """``scalar`` with its numbers kept in ``domain``, both ways."""
+    encode, decode = scalar.encode, scalar.decode
+    if scalar is NATIVE[int] and isinstance(domain, IntDomain):
+        return _int_within(domain, what)
+
+    def checked_encode(value: Any) -> bytes:
+        encoded = encode(value)  # a value of the wrong type is the encoder's to name
+        check_number(value, domain, what=what)
+        return encoded
+
+    def checked_decode(raw: bytes) -> Any:
+        return check_stored(decode(raw), domain, what=what)
+
+    return _Scalar(checked_encode, checked_decode)
+
+
+def _int_within(domain: IntDomain, what: str) -> _Scalar:
+    """A decimal field in ``domain``: the common case (a number in range) in a few string
+    operations, anything else through the general checks, which say what is wrong."""
+    low, high = domain.low, domain.high  # within the signed 64-bit range
+
+    def encode(value: Any) -> bytes:
+        if type(value) is int and low <= value < high:
+            return str(value).encode()
+        _encode_int(value)  # the wrong type, or beyond 64 bits
+        check_number(value, domain, what=what)
+        raise AssertionError("unreachable: the value is out of its domain")
+
+    def decode(raw: bytes) -> int:
+        if raw.isdigit() and len(raw) <= 19 and (raw[0] != 0x30 or len(raw) == 1):
+            value = int(raw)
+            if low <= value < high:
+                return value
+        return check_stored(parse_int(raw), domain, what=what)
+
+    return _Scalar(encode, decode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,13 +140,27 @@ class RecordLayout(Generic[R]):
         self.cls = cls
         self.codec = codec
         hints = typing.get_type_hints(cls)
+        domains = field_domains(cls)
         skip = set(exclude)
         self.fields: dict[str, _Field] = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             if f.name in skip or not f.init:
                 continue
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            self.fields[f.name] = self._field(f.name, hints[f.name], required)
+            spec = self._field(f.name, hints[f.name], required)
+            domain = domains.get(f.name)
+            if domain is not None:
+                what = f"{cls.__name__}.{f.name}"
+                spec = dataclasses.replace(spec, value=_within(spec.value, domain, what))
+            self.fields[f.name] = spec
+        # The raw names of the attributes held in one field of their own (scalars, and a
+        # list's length), so decoding finds them without parsing the name.
+        self._names = {
+            name.encode(): name
+            for name, spec in self.fields.items()
+            if spec.shape in ("scalar", "list")
+        }
+        self._readers = [(spec, self._reader(spec)) for spec in self.fields.values()]
 
     def _field(self, name: str, tp: Any, required: bool) -> _Field:
         origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -128,9 +185,15 @@ class RecordLayout(Generic[R]):
 
     def encode(self, record: R, **where: str | None) -> dict[str, bytes]:
         """All hash fields of ``record``, the schema version included."""
-        out: dict[str, bytes] = {VERSION_FIELD: str(SCHEMA_VERSION).encode()}
+        out: dict[str, bytes] = {VERSION_FIELD: _CURRENT}
         for spec in self.fields.values():
-            out.update(self.encode_field(spec.name, getattr(record, spec.name), **where))
+            try:
+                self._write(spec, getattr(record, spec.name), out)
+            except StoreError as e:  # the codec's own (an unregistered kind, a limit)
+                e.locate(**{**where, "field": spec.name})
+                raise
+            except (TypeError, ValueError, AttributeError) as e:
+                raise self._invalid(e, spec.name, where) from e
         return out
 
     def encode_field(self, name: str, value: Any, **where: str | None) -> dict[str, bytes]:
@@ -140,27 +203,40 @@ class RecordLayout(Generic[R]):
             raise ValidationError(
                 f"{self.cls.__name__} has no stored attribute {name!r}", **where, field=name
             )
+        out: dict[str, bytes] = {}
         try:
-            return self._encode(spec, value)
-        except StoreError as e:  # the codec's own (an unregistered kind, a size limit): keep it
+            self._write(spec, value, out)
+        except StoreError as e:
             e.locate(**{**where, "field": name})
             raise
         except (TypeError, ValueError, AttributeError) as e:
-            raise ValidationError(
-                f"{self.cls.__name__}.{name}: {e}", **{**where, "field": name}
-            ) from e
+            raise self._invalid(e, name, where) from e
+        return out
 
-    def _encode(self, spec: _Field, value: Any) -> dict[str, bytes]:
-        enc, name = spec.value.encode, spec.name
-        if spec.shape == "scalar":
-            return {name: enc(value)}
-        if spec.shape == "map":
-            return {f"{name}[{_key(k)}]": enc(v) for k, v in value.items()}
-        if spec.shape == "set":
-            return {f"{name}[{_key(m)}]": b"1" for m in value}
-        items = {f"{name}[{i}]": enc(v) for i, v in enumerate(value)}
-        items[name] = str(len(value)).encode()
-        return items
+    def _invalid(self, error: Exception, name: str, where: Where) -> ValidationError:
+        return ValidationError(f"{self.cls.__name__}.{name}: {error}", **where, field=name)
+
+    def _write(self, spec: _Field, value: Any, out: dict[str, bytes]) -> None:
+        enc, name, limit = spec.value.encode, spec.name, self.codec.max_payload_bytes
+        shape = spec.shape
+        if shape == "scalar":
+            out[name] = data = enc(value)
+            if len(data) > limit:  # text does not pass through the codec, which checks
+                self.codec.check_size(data)
+        elif shape == "map":
+            for k, v in value.items():
+                out[f"{name}[{_key(k)}]"] = data = enc(v)
+                if len(data) > limit:
+                    self.codec.check_size(data)
+        elif shape == "set":
+            for m in value:
+                out[f"{name}[{_key(m)}]"] = b"1"
+        else:
+            for i, v in enumerate(value):
+                out[f"{name}[{i}]"] = data = enc(v)
+                if len(data) > limit:
+                    self.codec.check_size(data)
+            out[name] = str(len(value)).encode()
 
     # -- decode -----------------------------------------------------------------------
 
@@ -171,25 +247,43 @@ class RecordLayout(Generic[R]):
         extra: Mapping[str, Any] | None = None,
         **where: str | None,
     ) -> R:
-        """Build the record from its hash fields; any bad field raises naming that field."""
+        """Build the record from its hash fields; any bad field raises naming that field.
+
+        Work and memory stay proportional to the bytes read: every field is held to the
+        codec's payload limit, and a list's length must match the entries present before
+        any list is built.
+        """
+        limit = self.codec.max_payload_bytes
+        if raw and max(max(map(len, raw)), max(map(len, raw.values()))) > limit:
+            self._too_large(raw, where)
         plain: dict[str, bytes] = {}
         entries: dict[str, dict[str, bytes]] = {}
+        names = self._names
         for raw_name, value in raw.items():
-            name = raw_name.decode("utf-8", "replace")
-            if name.startswith("_"):
-                continue
-            bracket = name.find("[")
-            if bracket < 0:
+            name = names.get(raw_name)
+            if name is not None:  # an attribute's own field, the common case
                 plain[name] = value
-            elif name.endswith("]"):
-                entries.setdefault(name[:bracket], {})[name[bracket + 1 : -1]] = value
-            else:
-                raise CorruptRecordError("malformed field name", **where, field=name)
-        kwargs: dict[str, Any] = dict(extra or {})
-        for spec in self.fields.values():
+                continue
+            if raw_name.startswith(b"_"):
+                continue
             try:
-                present, value = self._decode(spec, plain, entries.get(spec.name, {}))
-            except StoreError as e:  # the codec's own (corrupt, too large): keep it, say where
+                text = raw_name.decode()
+            except UnicodeDecodeError:
+                raise CorruptRecordError(
+                    "field name is not UTF-8", **where, field=_shown(raw_name)
+                ) from None
+            bracket = text.find("[")
+            if bracket < 0:
+                plain[text] = value  # an attribute this code does not know: ignored
+            elif text.endswith("]"):
+                entries.setdefault(text[:bracket], {})[text[bracket + 1 : -1]] = value
+            else:
+                raise CorruptRecordError("malformed field name", **where, field=text)
+        kwargs: dict[str, Any] = dict(extra or {})
+        for spec, read in self._readers:
+            try:
+                present, value = read(plain, entries.get(spec.name))
+            except StoreError as e:  # the codec's own (corrupt, too large): say where
                 e.locate(**{**where, "field": spec.name})
                 raise
             except (ValueError, TypeError) as e:
@@ -205,26 +299,57 @@ class RecordLayout(Generic[R]):
                 )
         return self.cls(**kwargs)
 
-    def _decode(
-        self, spec: _Field, plain: dict[str, bytes], entries: dict[str, bytes]
-    ) -> tuple[bool, Any]:
-        dec = spec.value.decode
-        if spec.shape == "scalar":
-            if spec.name not in plain:
-                return False, None
-            return True, dec(plain[spec.name])
-        if spec.shape == "map":
-            return bool(entries), {k: dec(v) for k, v in entries.items()}
-        if spec.shape == "set":
-            return bool(entries), set(entries)
-        length = _decode_int(plain[spec.name]) if spec.name in plain else 0
-        if sorted(entries) != sorted(str(i) for i in range(length)):
-            raise ValueError(f"list holds entries {sorted(entries)[:10]} but length {length}")
-        # The length field is written even for an empty list, so its presence is what counts.
-        return spec.name in plain, [dec(entries[str(i)]) for i in range(length)]
+    def _too_large(self, raw: Mapping[bytes, bytes], where: Where) -> None:
+        """Raise ``PayloadTooLargeError`` for the first field over the limit."""
+        for raw_name, value in raw.items():
+            shown = _shown(raw_name)
+            self.codec.check_size(raw_name, **where, field=shown)
+            self.codec.check_size(value, **where, field=shown.partition("[")[0])
+
+    def _reader(self, spec: _Field) -> _Read:
+        """How attribute ``spec`` is read from its fields: (whether present, its value)."""
+        dec, name = spec.value.decode, spec.name
+
+        def scalar(plain: dict[str, bytes], entries: dict[str, bytes] | None) -> tuple[bool, Any]:
+            raw = plain.get(name)
+            return (False, None) if raw is None else (True, dec(raw))
+
+        def mapping(plain: dict[str, bytes], entries: dict[str, bytes] | None) -> tuple[bool, Any]:
+            return bool(entries), {k: dec(v) for k, v in (entries or {}).items()}
+
+        def members(plain: dict[str, bytes], entries: dict[str, bytes] | None) -> tuple[bool, Any]:
+            for member, flag in (entries or {}).items():
+                if flag != b"1":
+                    raise ValueError(f"member {member[:40]!r} holds {flag[:40]!r}, not b'1'")
+            return bool(entries), set(entries or ())
+
+        what = f"{self.cls.__name__}.{name} length"
+
+        def items(plain: dict[str, bytes], entries: dict[str, bytes] | None) -> tuple[bool, Any]:
+            # The length is written even for an empty list, so its presence is what counts.
+            raw = plain.get(name)
+            length = 0 if raw is None else parse_int(raw)
+            check_stored(length, LENGTH, what=what)
+            held = entries or {}
+            if length != len(held):  # checked before anything of that length is built
+                raise ValueError(f"list of length {length} holds {len(held)} entries")
+            out: list[Any] = [None] * length
+            for index, value in held.items():
+                position = parse_int(index.encode())
+                if not 0 <= position < length:  # as many distinct entries: each index once
+                    raise ValueError(f"list of length {length} holds entry {index[:40]!r}")
+                out[position] = dec(value)
+            return raw is not None, out
+
+        return {"scalar": scalar, "map": mapping, "set": members, "list": items}[spec.shape]
 
 
 def _key(key: Any) -> str:
     if not isinstance(key, str):
         raise TypeError(f"keys and members must be str, got {type(key).__name__} {key!r}")
     return key
+
+
+def _shown(raw_name: bytes) -> str:
+    """A field name fit for a message: readable, and short."""
+    return raw_name[:100].decode("utf-8", "backslashreplace")

@@ -10,47 +10,46 @@ replicas merge at once:
     kv        "<label>" = [version, "kv", nil]         header: the label holds a kv info
               "<label>[world_size]" = "4"              max
               "<label>[<rank>]" = ""                   the rank is held (its labels may be none)
-              "<label>[<rank>:<cache label>]" = msgpack KVSequenceInfo     other wins per label
+              "<label>[<rank>:<cache label>]" = KVSequenceInfo (see ``kv``)  other wins
     position  "<label>" = [version, "position", nil]
               "<label>[<counter label>]" = "17"        max
 
-The split applies only to exactly ``PublishedKVInfo`` / ``PublishedPositionInfo`` (a subclass
-may merge differently) whose numbers Lua compares exactly (below 2**53); it gives the same
-result as ``update``, which the tests check against the generic path.
+The split applies to exactly ``PublishedKVInfo`` / ``PublishedPositionInfo`` (a subclass may
+merge differently); it gives the same result as ``update``, which the tests check against
+the generic path. Their numbers stay in their domains (``domains``): world sizes and
+positions below 2**53, which Lua compares exactly, ranks and positions not negative. A
+value outside them is refused on write and reported as corrupt on read; a part of the wrong
+shape, or a missing world size, is corrupt too, never read as a default.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from mstar.engine.resources import (
-    KVSequenceInfo,
-    PublishedInfo,
-    PublishedKVInfo,
-    PublishedPositionInfo,
-)
+from mstar.engine.resources import PublishedInfo, PublishedKVInfo, PublishedPositionInfo
+from store.codec.bounds import parse_int
+from store.codec.domains import KV_RANK, POSITION, WORLD_SIZE, IntDomain, check_int, check_stored
+from store.codec.kv import decode_sequence, encode_sequence
 from store.codec.values import Codec
 from store.errors import (
     CorruptRecordError,
     PayloadTooLargeError,
     SchemaVersionError,
+    StoreError,
     ValidationError,
 )
 from store.keys import MAX_NAME_LENGTH
 from store.schema import SCHEMA_VERSION
 
 SET, MAX = "S", "M"
-_LUA_EXACT = 2**53  # Lua numbers are doubles: integers beyond this do not compare exactly
-_INT64 = 2**63  # a rank's part name must read back as a signed 64-bit int, like msgpack's
 _NIL = msgspec.msgpack.encode(None)
-_INT = re.compile(r"-?[0-9]{1,19}")
 
 Part = tuple[str, str, bytes]  # (SET or MAX, part name, value)
+Where = dict[str, "str | None"]
 
 
 def check_label(label: Any, **where: str | None) -> str:
@@ -68,49 +67,83 @@ def check_label(label: Any, **where: str | None) -> str:
     return label
 
 
-def _int(text: str) -> int:
-    if not _INT.fullmatch(text):
-        raise ValueError(f"{text[:40]!r} is not an integer")
-    return int(text)
+def _stored_int(raw: bytes, domain: IntDomain, what: str, where: Where) -> int:
+    """A part's number: canonical decimal, in ``domain``; else ``CorruptRecordError``."""
+    # The common case in two bytes methods; the general one names what is wrong.
+    if 0 < len(raw) <= 19 and raw.isdigit() and (raw[0] != 0x30 or raw == b"0"):
+        value = int(raw)
+        if domain.low <= value < domain.high:
+            return value
+    try:
+        value = parse_int(raw)
+    except ValueError as e:
+        raise CorruptRecordError(f"{what}: {e}", **where) from None
+    return check_stored(value, domain, what=what, **where)
+
+
+def _text(raw: bytes, what: str, where: Where) -> str:
+    """``raw`` as strict UTF-8; else ``CorruptRecordError`` (naming the field if unnamed)."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        where = {**where, "field": where.get("field") or _shown(raw)}
+        raise CorruptRecordError(f"{what} is not UTF-8", **where) from None
+
+
+def _shown(raw: bytes) -> str:
+    """A stored name fit for a message: readable, and short."""
+    return raw[:100].decode("utf-8", "backslashreplace")
 
 
 class _KVParts:
     kind = "kv"
     cls = PublishedKVInfo
 
-    def fits(self, info: Any) -> bool:
-        # Not an int: parts() refuses it with a ValidationError rather than store it whole.
-        return (type(info.world_size) is not int or abs(info.world_size) < _LUA_EXACT) and all(
-            type(rank) is not int or -_INT64 <= rank < _INT64 for rank in info.info
-        )
-
-    def parts(self, info: Any, codec: Codec, where: dict[str, str | None]) -> list[Part]:
-        if type(info.world_size) is not int:
-            raise ValidationError(f"kv world_size must be int, got {info.world_size!r}", **where)
-        out: list[Part] = [(MAX, "world_size", str(info.world_size).encode())]
-        for rank, labels in info.info.items():
-            if type(rank) is not int:
-                raise ValidationError(f"kv ranks must be int, got {rank!r}", **where)
-            out.append((SET, str(rank), b""))
-            for cache, seq in labels.items():
-                if not isinstance(cache, str):
+    def parts(self, info: Any, where: Where) -> list[Part]:
+        world_size = info.world_size
+        if world_size not in WORLD_SIZE:
+            check_int(world_size, WORLD_SIZE, what="kv world_size", **where)
+        out: list[Part] = [(MAX, "world_size", str(world_size).encode())]
+        for rank, labels in _items(info.info, "kv info", where):
+            if rank not in KV_RANK:
+                check_int(rank, KV_RANK, what="kv rank", **where)
+            rank_text = str(rank)
+            out.append((SET, rank_text, b""))
+            for cache, seq in _items(labels, f"kv rank {rank}", where):
+                if type(cache) is not str:
                     raise ValidationError(f"kv cache labels must be str, got {cache!r}", **where)
-                out.append((SET, f"{rank}:{cache}", codec.encode(seq, KVSequenceInfo, **where)))
+                try:
+                    value = encode_sequence(seq)
+                except (TypeError, ValueError, OverflowError, RecursionError) as e:
+                    raise ValidationError(f"kv rank {rank} {cache!r}: {e}", **where) from e
+                out.append((SET, f"{rank_text}:{cache}", value))
         return out
 
-    def assemble(self, parts: Mapping[str, bytes], codec: Codec, where: dict[str, Any]) -> Any:
-        info: dict[int, dict[str, KVSequenceInfo]] = {}
-        world_size = 1
+    def assemble(self, parts: Mapping[bytes, bytes], where: Where) -> Any:
+        info: dict[int, dict[str, Any]] = {}
+        by_text: dict[bytes, dict[str, Any]] = {}  # each rank's labels, by its part name
+        world_size = None
         for part, value in parts.items():
-            if part == "world_size":
-                world_size = _int(value.decode())
-            elif ":" in part:
-                rank, cache = part.split(":", 1)
-                info.setdefault(_int(rank), {})[cache] = codec.decode(
-                    value, KVSequenceInfo, **where
+            if part == b"world_size":
+                world_size = _stored_int(value, WORLD_SIZE, "kv world_size", where)
+                continue
+            rank_text, colon, cache = part.partition(b":")
+            labels = by_text.get(rank_text)
+            if labels is None:
+                rank = _stored_int(rank_text, KV_RANK, "kv rank", where)
+                labels = by_text[rank_text] = info.setdefault(rank, {})
+            if colon:
+                try:
+                    name = cache.decode()
+                except UnicodeDecodeError:
+                    name = _text(cache, "kv cache label", where)  # raises, naming it
+                labels[name] = decode_sequence(value, where)
+            elif value:
+                raise CorruptRecordError(
+                    f"kv rank {_shown(rank_text)} marker holds {value[:40]!r}", **where
                 )
-            else:
-                info.setdefault(_int(part), {})
+        if world_size is None:
+            raise CorruptRecordError("kv parts without their world_size", **where)
         return PublishedKVInfo(info=info, world_size=world_size)
 
 
@@ -118,21 +151,30 @@ class _PositionParts:
     kind = "position"
     cls = PublishedPositionInfo
 
-    def fits(self, info: Any) -> bool:
-        return all(type(v) is not int or abs(v) < _LUA_EXACT for v in info.counters.values())
-
-    def parts(self, info: Any, codec: Codec, where: dict[str, str | None]) -> list[Part]:
+    def parts(self, info: Any, where: Where) -> list[Part]:
         out: list[Part] = []
-        for label, position in info.counters.items():
-            if not isinstance(label, str) or type(position) is not int:
+        for label, position in _items(info.counters, "position counters", where):
+            if type(label) is not str:
                 raise ValidationError(
-                    f"position counters map str to int, got {label!r}: {position!r}", **where
+                    f"position counter labels must be str, got {label!r}", **where
                 )
+            if position not in POSITION:
+                check_int(position, POSITION, what=f"position {label!r}", **where)
             out.append((MAX, label, str(position).encode()))
         return out
 
-    def assemble(self, parts: Mapping[str, bytes], codec: Codec, where: dict[str, Any]) -> Any:
-        return PublishedPositionInfo({k: _int(v.decode()) for k, v in parts.items()})
+    def assemble(self, parts: Mapping[bytes, bytes], where: Where) -> Any:
+        counters = {}
+        for raw_label, value in parts.items():
+            label = _text(raw_label, "position counter label", where)
+            counters[label] = _stored_int(value, POSITION, f"position {label[:40]!r}", where)
+        return PublishedPositionInfo(counters)
+
+
+def _items(value: Any, what: str, where: Where) -> Iterable[tuple[Any, Any]]:
+    if type(value) is not dict and not isinstance(value, Mapping):
+        raise ValidationError(f"{what} must be a dict, got {type(value).__name__}", **where)
+    return value.items()
 
 
 _SPLITS: dict[type, _KVParts | _PositionParts] = {
@@ -185,20 +227,20 @@ class PublishLayout:
     def __init__(self, codec: Codec) -> None:
         self.codec = codec
         self._headers = {kind: self._header(kind) for kind in _SPLIT_KINDS}
+        self._by_header = {header: _SPLIT_KINDS[kind] for kind, header in self._headers.items()}
 
     def _header(self, kind: str) -> bytes:
         return msgspec.msgpack.encode((SCHEMA_VERSION, kind, None))
 
     def _split(self, info: Any) -> _KVParts | _PositionParts | None:
-        split = _SPLITS.get(type(info))
-        return split if split is not None and split.fits(info) else None
+        return _SPLITS.get(type(info))
 
-    def _parts(
-        self, split: _KVParts | _PositionParts, info: Any, where: dict[str, str | None]
-    ) -> list[Part]:
+    def _parts(self, split: _KVParts | _PositionParts, info: Any, where: Where) -> list[Part]:
         """``info``'s parts, within the payload limit an info stored whole would meet."""
-        parts = split.parts(info, self.codec, where)
-        size = sum(len(part) + len(value) for _, part, value in parts)
+        parts = split.parts(info, where)
+        size = 0
+        for _, part, value in parts:
+            size += len(part) + len(value)
         if size > self.codec.max_payload_bytes:
             raise PayloadTooLargeError(size, self.codec.max_payload_bytes, **where)
         return parts
@@ -236,40 +278,55 @@ class PublishLayout:
         **where: str | None,
     ) -> dict[str, PublishedInfo]:
         """The infos held in a publish-info hash (only ``labels``, when given)."""
-        wanted = None if labels is None else set(labels)
-        heads: dict[str, bytes] = {}
-        parts: dict[str, dict[str, bytes]] = {}
+        wanted = None if labels is None else {label.encode() for label in labels}
+        heads: dict[bytes, bytes] = {}
+        parts: dict[bytes, dict[bytes, bytes]] = {}
         for raw_name, value in raw.items():
-            name = raw_name.decode("utf-8", "surrogateescape")
-            label, bracket, rest = name.partition("[")
-            if wanted is not None and label not in wanted:
+            head_name, bracket, rest = raw_name.partition(b"[")
+            if wanted is not None and head_name not in wanted:
                 continue
             if not bracket:
-                heads[label] = value
-            elif rest.endswith("]"):
-                parts.setdefault(label, {})[rest[:-1]] = value
+                heads[head_name] = value
+            elif rest.endswith(b"]"):
+                held = parts.get(head_name)
+                if held is None:
+                    held = parts[head_name] = {}
+                held[rest[:-1]] = value
             else:
-                raise CorruptRecordError("malformed publish-info field name", **where, field=name)
-        for label in parts.keys() - heads.keys():
+                raise CorruptRecordError(
+                    "malformed publish-info field name", **where, field=_shown(raw_name)
+                )
+        for orphan in parts.keys() - heads.keys():
             raise CorruptRecordError(
-                "publish-info parts without their header", **where, field=label
+                "publish-info parts without their header", **where, field=_shown(orphan)
             )
-        return {
-            label: self._decode_one(head, parts.get(label, {}), {**where, "field": label})
-            for label, head in heads.items()
-        }
+        out: dict[str, PublishedInfo] = {}
+        for raw_label, head in heads.items():
+            try:
+                label = raw_label.decode()
+            except UnicodeDecodeError:
+                label = _text(raw_label, "publish-info field name", where)  # raises, naming it
+            out[label] = self._decode_one(head, parts.get(raw_label), {**where, "field": label})
+        return out
 
     def _decode_one(
-        self, head: bytes, parts: Mapping[str, bytes], where: dict[str, str | None]
+        self, head: bytes, parts: Mapping[bytes, bytes] | None, where: Where
     ) -> PublishedInfo:
-        split = self._split_header(head, where)
+        split = self._by_header.get(head) or self._split_header(head, where)
         if split is None:
+            if parts:
+                raise CorruptRecordError("a whole publish info with parts beside it", **where)
             info: PublishedInfo = self.codec.decode_kind(head, PublishedInfo, **where)
             return info
+        parts = parts or {}
+        size = sum(map(len, parts)) + sum(map(len, parts.values()))
+        if size > self.codec.max_payload_bytes:
+            raise PayloadTooLargeError(size, self.codec.max_payload_bytes, **where)
         try:
-            assembled: PublishedInfo = split.assemble(parts, self.codec, where)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise CorruptRecordError(f"{split.kind} parts do not decode: {e}", **where) from e
+            assembled: PublishedInfo = split.assemble(parts, where)
+        except StoreError as e:
+            e.locate(**where)
+            raise
         return assembled
 
     def _split_header(

@@ -3,6 +3,11 @@
 Encoders and decoders are built once per type and reused. A field declared as the abstract
 ``PublishedInfo`` or ``ResourceReqConfig`` holds any registered kind; its value is written as
 an envelope ``[schema_version, kind_name, payload]`` so that it decodes back to its own kind.
+
+Decoding is bounded by the bytes: msgspec checks every length against its input, numbers of
+the store's own types are checked against their domains (``domains``) while msgspec decodes,
+plain data (``Any``) may nest ``bounds.MAX_DEPTH`` levels and kinds ``MAX_KIND_NESTING``, and
+``KVSequenceInfo`` page indices are decoded only when read (``kv``).
 """
 
 from __future__ import annotations
@@ -10,12 +15,27 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
 
-from store.codec.kinds import POLYMORPHIC_BASES, KindRegistry, default_registry
+from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo
+from store.codec.bounds import MAX_DEPTH, check_stored_depth, check_written_depth
+from store.codec.domains import VERSION, Domain, IntDomain, check_number, field_domains
+from store.codec.kinds import (
+    MAX_KIND_NAME_LENGTH,
+    POLYMORPHIC_BASES,
+    KindRegistry,
+    default_registry,
+)
+from store.codec.kv import (
+    KVInfoWire,
+    decode_sequence,
+    encode_sequence,
+    kv_info_from_wire,
+    kv_info_to_wire,
+)
 from store.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -25,14 +45,31 @@ from store.errors import (
     StoreError,
     UnknownKindError,
     UnknownStoredKindError,
+    ValidationError,
 )
 from store.schema import SCHEMA_VERSION
 
 DEFAULT_MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
+MAX_KIND_NESTING = 32
+"""How many envelopes a stored value may nest (a kind holding kinds holding kinds...)."""
 _NIL = msgspec.msgpack.encode(None)
 
 Where = dict[str, "str | None"]
-_Convert = Callable[[Any], Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Context:
+    """What a decoder needs besides the value: where it was stored, how deep in kinds."""
+
+    where: Where
+    kinds: int = 0
+
+    def nested(self) -> _Context:
+        return _Context(self.where, self.kinds + 1)
+
+
+_ToWire = Callable[[Any], Any]
+_FromWire = Callable[[Any, _Context], Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +77,11 @@ class _Plan:
     """How one declared type travels: the type msgspec sees, and converters (None: as is)."""
 
     wire_type: Any
-    to_wire: _Convert | None = None
-    from_wire: _Convert | None = None
+    to_wire: _ToWire | None = None
+    from_wire: _FromWire | None = None
+    # For a value whose depth is checked on its own bytes: the decoder of its own type, which
+    # a value decoded on its own (not as a part of another) uses after the check.
+    checked: msgspec.msgpack.Decoder[Any] | None = None
 
 
 class Codec:
@@ -53,13 +93,16 @@ class Codec:
         *,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
-        if max_payload_bytes <= 0:
+        if type(max_payload_bytes) is not int or max_payload_bytes <= 0:
             raise ConfigurationError("max_payload_bytes must be positive")
         self.registry = registry or default_registry
         self.max_payload_bytes = max_payload_bytes
         self._encoder = msgspec.msgpack.Encoder()
-        self._envelope = msgspec.msgpack.Decoder(tuple[int, str, msgspec.Raw])
+        self._envelope = msgspec.msgpack.Decoder(
+            tuple[VERSION.annotated, _KindName, msgspec.Raw]  # type: ignore[name-defined]
+        )
         self._plans: dict[Any, _Plan] = {}
+        self._inners: dict[Any, _Plan] = {}
         self._decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
 
     # -- values of a declared type -------------------------------------------------------
@@ -79,6 +122,12 @@ class Codec:
     ) -> bytes:
         """``value`` through its plan, behind ``header`` items when given; size checked."""
         try:
+            if plan.checked is not None and not header:  # on its own: written once
+                data = self._encoder.encode(value)
+                if len(data) > MAX_DEPTH:
+                    _refuse_too_deep(data)
+                self.check_size(data, **where)
+                return data
             payload = plan.to_wire(value) if plan.to_wire else value
             data = self._encoder.encode((*header, payload) if header else payload)
         except StoreError as e:  # a nested value's own error (an unregistered kind): keep it
@@ -86,16 +135,28 @@ class Codec:
             raise
         except (TypeError, ValueError, OverflowError) as e:
             raise EncodeError(f"cannot encode {type(value).__name__}: {e}", **where) from e
+        except RecursionError as e:
+            raise EncodeError(
+                f"cannot encode {type(value).__name__}: it is nested too deeply", **where
+            ) from e
         self.check_size(data, **where)
         return data
 
     def decode(self, data: bytes, type_: Any, **where: str | None) -> Any:
         """Decode ``data`` as ``type_``; any failure is a ``CorruptRecordError`` naming where."""
+        return self._decode(data, type_, _Context(where))
+
+    def _decode(self, data: bytes | msgspec.Raw, type_: Any, context: _Context) -> Any:
+        where = context.where
         self.check_size(data, **where)
-        plan = self._plan(type_)
+        plan = self._plans.get(type_) or self._plan(type_)
         try:
+            if plan.checked is not None:
+                if len(data) > MAX_DEPTH:
+                    check_stored_depth(data, **where)
+                return plan.checked.decode(data)
             value = self._decoder(plan.wire_type).decode(data)
-            return plan.from_wire(value) if plan.from_wire else value
+            return plan.from_wire(value, context) if plan.from_wire else value
         except StoreError as e:  # a nested kind's own error (an unknown kind): keep it
             e.locate(**where)
             raise
@@ -106,9 +167,10 @@ class Codec:
         except RecursionError as e:
             raise CorruptRecordError("stored value is nested too deeply to decode", **where) from e
 
-    def check_size(self, data: bytes, **where: str | None) -> None:
-        if len(data) > self.max_payload_bytes:
-            raise PayloadTooLargeError(len(data), self.max_payload_bytes, **where)
+    def check_size(self, data: bytes | msgspec.Raw, **where: str | None) -> None:
+        size = len(data)
+        if size > self.max_payload_bytes:
+            raise PayloadTooLargeError(size, self.max_payload_bytes, **where)
 
     # -- kind-tagged envelopes ---------------------------------------------------------
 
@@ -127,6 +189,14 @@ class Codec:
 
     def decode_kind(self, data: bytes, base: type, **where: str | None) -> Any:
         """Decode an envelope into the registered kind it names, which must subclass ``base``."""
+        return self._decode_kind(data, base, _Context(where))
+
+    def _decode_kind(self, data: bytes | msgspec.Raw, base: type, context: _Context) -> Any:
+        where = context.where
+        if context.kinds >= MAX_KIND_NESTING:
+            raise CorruptRecordError(
+                f"stored value nests kinds more than {MAX_KIND_NESTING} deep", **where
+            )
         version, name, payload = self.envelope(data, base, **where)
         if version > SCHEMA_VERSION:
             raise SchemaVersionError(version, SCHEMA_VERSION, **where)
@@ -137,10 +207,10 @@ class Codec:
             raise CorruptRecordError(
                 f"stored kind {name!r} is a {cls.__qualname__}, not a {base.__name__}", **where
             )
-        return self.decode(payload, cls, **where)
+        return self._decode(payload, cls, context)
 
     def envelope(
-        self, data: bytes, base: type = object, **where: str | None
+        self, data: bytes | msgspec.Raw, base: type = object, **where: str | None
     ) -> tuple[int, str, msgspec.Raw]:
         """An envelope's version, kind name and undecoded payload."""
         self.check_size(data, **where)
@@ -162,9 +232,21 @@ class Codec:
         return decoder
 
     def _plan(self, tp: Any) -> _Plan:
+        """How a value of ``tp`` travels on its own (or as a converted part of another)."""
         plan = self._plans.get(tp)
         if plan is None:
-            plan = self._plans[tp] = self._make_plan(tp)
+            plan = self._inner(tp)
+            if plan.to_wire is None and _holds_plain_data(tp, set()):
+                plan = self._depth_checked(plan)
+            self._plans[tp] = plan
+        return plan
+
+    def _inner(self, tp: Any) -> _Plan:
+        """``tp``'s plan inside a value msgspec decodes whole: the outermost value that holds
+        plain data checks its depth once, rather than each part of it."""
+        plan = self._inners.get(tp)
+        if plan is None:
+            plan = self._inners[tp] = self._make_plan(tp)
         return plan
 
     def _make_plan(self, tp: Any) -> _Plan:
@@ -173,30 +255,42 @@ class Codec:
             return _Plan(
                 msgspec.Raw,
                 lambda value: msgspec.Raw(self.encode_kind(value)),
-                lambda raw: self.decode_kind(bytes(raw), base),
+                lambda raw, context: self._decode_kind(raw, base, context.nested()),
+            )
+        if tp is PublishedKVInfo:  # exactly: a subclass may hold more, and goes as any other
+            return _Plan(
+                KVInfoWire,
+                kv_info_to_wire,
+                lambda wire, context: kv_info_from_wire(wire, context.where),
+            )
+        if tp is KVSequenceInfo:
+            return _Plan(
+                msgspec.Raw,
+                lambda seq: msgspec.Raw(encode_sequence(seq)),
+                lambda raw, context: decode_sequence(raw, context.where),
             )
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         if origin is dict and len(args) == 2:
-            inner = self._plan(args[1])
-            if inner.to_wire is None:
+            if self._inner(args[1]).to_wire is None:
                 return _Plan(tp)
+            inner = self._plan(args[1])
             to_v, from_v = inner.to_wire, inner.from_wire
-            assert from_v is not None
+            assert to_v is not None and from_v is not None
             return _Plan(
                 types.GenericAlias(dict, (args[0], inner.wire_type)),
                 lambda d: {k: to_v(v) for k, v in d.items()},
-                lambda d: {k: from_v(v) for k, v in d.items()},
+                lambda d, c: {k: from_v(v, c) for k, v in d.items()},
             )
         if origin in (list, set, frozenset) and len(args) == 1:
-            inner = self._plan(args[0])
-            if inner.to_wire is None:
+            if self._inner(args[0]).to_wire is None:
                 return _Plan(tp)
+            inner = self._plan(args[0])
             to_i, from_i, make = inner.to_wire, inner.from_wire, origin
-            assert from_i is not None
+            assert to_i is not None and from_i is not None
             return _Plan(
                 types.GenericAlias(list, (inner.wire_type,)),
                 lambda xs: [to_i(x) for x in xs],
-                lambda xs: make(from_i(x) for x in xs),
+                lambda xs, c: make(from_i(x, c) for x in xs),
             )
         if origin in (typing.Union, types.UnionType):
             return self._optional_plan(tp, args)
@@ -206,9 +300,30 @@ class Codec:
             return self._dataclass_plan(tp)
         return _Plan(tp)
 
+    def _depth_checked(self, plan: _Plan) -> _Plan:
+        """``plan`` for a value that holds plain data (``Any``), whose nesting is capped.
+
+        msgspec decodes such a value only after its depth was checked on its own bytes
+        (cheaply, see ``bounds.too_deep``); it is encoded on its own too, so that what is
+        written is checked the same way and never reads back as corrupt.
+        """
+        decoder, encoder = self._decoder(plan.wire_type), self._encoder
+
+        def to_wire(value: Any) -> msgspec.Raw:
+            data = encoder.encode(value)
+            if len(data) > MAX_DEPTH:
+                _refuse_too_deep(data)
+            return msgspec.Raw(data)
+
+        def from_wire(raw: msgspec.Raw, context: _Context) -> Any:
+            if len(raw) > MAX_DEPTH:
+                check_stored_depth(raw, **context.where)
+            return decoder.decode(raw)
+
+        return _Plan(msgspec.Raw, to_wire, from_wire, decoder)
+
     def _optional_plan(self, tp: Any, args: tuple[Any, ...]) -> _Plan:
-        plans = [self._plan(a) for a in args]
-        if all(p.to_wire is None for p in plans):
+        if all(self._inner(a).to_wire is None for a in args):
             return _Plan(tp)
         rest = [a for a in args if a is not type(None)]
         if len(rest) != 1 or len(args) != 2:
@@ -223,58 +338,161 @@ class Codec:
             return _Plan(
                 msgspec.Raw,
                 lambda v: None if v is None else to_x(v),
-                lambda v: None if bytes(v) == _NIL else from_x(v),
+                lambda v, c: None if bytes(v) == _NIL else from_x(v, c),
             )
         return _Plan(
             inner.wire_type | None,
             lambda v: None if v is None else to_x(v),
-            lambda v: None if v is None else from_x(v),
+            lambda v, c: None if v is None else from_x(v, c),
         )
 
     def _tuple_plan(self, tp: Any, args: tuple[Any, ...]) -> _Plan:
         if not args or Ellipsis in args:
             return _Plan(tp)
-        plans = [self._plan(a) for a in args]
-        if all(p.to_wire is None for p in plans):
+        if all(self._inner(a).to_wire is None for a in args):
             return _Plan(tp)
-        ident = _identity
-        tos = [p.to_wire or ident for p in plans]
-        froms = [p.from_wire or ident for p in plans]
+        plans = [self._plan(a) for a in args]
+        tos = [p.to_wire or _identity for p in plans]
+        froms = [p.from_wire or _pass for p in plans]
         return _Plan(
             types.GenericAlias(tuple, tuple(p.wire_type for p in plans)),
             lambda t: tuple(f(x) for f, x in zip(tos, t, strict=True)),
-            lambda t: tuple(f(x) for f, x in zip(froms, t, strict=True)),
+            lambda t, c: tuple(f(x, c) for f, x in zip(froms, t, strict=True)),
         )
 
     def _dataclass_plan(self, cls: type) -> _Plan:
+        """A dataclass through a wire Struct when a field needs converting or a domain."""
         hints = typing.get_type_hints(cls)
         names = [f.name for f in dataclasses.fields(cls) if f.init]
-        plans = {name: self._plan(hints[name]) for name in names}
-        if all(p.to_wire is None for p in plans.values()):
+        domains = {n: d for n, d in field_domains(cls).items() if n in names}
+        if not domains and all(self._inner(hints[n]).to_wire is None for n in names):
             return _Plan(cls)
+        plans = {name: self._plan(hints[name]) for name in names}
         wire = msgspec.defstruct(
             f"{cls.__name__}Wire",
-            [(n, plans[n].wire_type | msgspec.UnsetType, msgspec.UNSET) for n in names],
+            [
+                (n, _bounded(plans[n].wire_type, domains.get(n)) | msgspec.UnsetType, msgspec.UNSET)
+                for n in names
+            ],
         )
-        ident = _identity
-        to = {n: p.to_wire or ident for n, p in plans.items()}
-        back = {n: p.from_wire or ident for n, p in plans.items()}
+        converters = [(n, plans[n].to_wire) for n in names]
+        back = {n: p.from_wire or _pass for n, p in plans.items()}
+        checks = [
+            (n, _domain_check(d, _slot(hints[n]), f"{cls.__name__}.{n}"))
+            for n, d in domains.items()
+        ]
 
         def to_wire(value: Any) -> dict[str, Any]:
-            return {n: to[n](getattr(value, n)) for n in names}
+            for name, check in checks:
+                check(getattr(value, name))
+            return {
+                n: getattr(value, n) if f is None else f(getattr(value, n)) for n, f in converters
+            }
 
-        def from_wire(value: Any) -> Any:
+        def from_wire(value: Any, context: _Context) -> Any:
             kwargs = {}
             for n in names:
                 v = getattr(value, n)
                 if v is not msgspec.UNSET:
-                    kwargs[n] = back[n](v)
+                    kwargs[n] = back[n](v, context)
             try:
                 return cls(**kwargs)
             except TypeError as e:  # a required field is missing
                 raise msgspec.ValidationError(f"{cls.__name__}: {e}") from e
 
         return _Plan(wire, to_wire, from_wire)
+
+
+_PLAIN: tuple[Any, ...] = (Any, object, dict, list, set, frozenset, tuple)
+
+
+def _holds_plain_data(tp: Any, seen: set[Any]) -> bool:
+    """Whether a value of type ``tp`` may hold plain data of any shape, hence of any depth."""
+    if tp in _PLAIN:
+        return True
+    if tp in POLYMORPHIC_BASES or tp is KVSequenceInfo or tp in seen:
+        return False  # their own plans check their plain data
+    args = typing.get_args(tp)
+    if args:
+        return any(_holds_plain_data(a, seen) for a in args if a is not Ellipsis)
+    if isinstance(tp, type) and (dataclasses.is_dataclass(tp) or issubclass(tp, msgspec.Struct)):
+        seen.add(tp)
+        return any(_holds_plain_data(h, seen) for h in typing.get_type_hints(tp).values())
+    return False
+
+
+_KindName = typing.Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KIND_NAME_LENGTH)]
+
+
+def _slot(tp: Any) -> str:
+    """Where a domain applies in a field of type ``tp``: the value, map keys or values, items."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is dict and args and args[0] is int:
+        return "keys"
+    if origin is dict:
+        return "values"
+    if origin in (list, set, frozenset):
+        return "items"
+    return "value"
+
+
+def _domain_check(domain: Domain, slot: str, what: str) -> Callable[[Any], None]:
+    """A check of the numbers in a field against ``domain`` (``ValidationError``).
+
+    The common case, every number in range, costs one comparison per number; only a number
+    out of it goes to ``check_number``, which says what is wrong.
+    """
+    fits: Callable[[Any], bool] = domain.__contains__
+    if isinstance(domain, IntDomain):
+        low, high = domain.low, domain.high
+
+        def fits(n: Any) -> bool:
+            return type(n) is int and low <= n < high
+
+    def refuse(n: Any, part: str) -> None:
+        check_number(n, domain, what=f"{what}{part}")
+
+    def check_value(value: Any) -> None:
+        if value is not None and not fits(value):  # None: an Optional number, not set
+            refuse(value, "")
+
+    def check_keys(value: Any) -> None:
+        if isinstance(value, Mapping):  # any other type: msgspec names it as it encodes
+            for key in value:
+                if not fits(key):
+                    refuse(key, " key")
+
+    def check_values(value: Any) -> None:
+        if isinstance(value, Mapping):
+            for item in value.values():
+                if not fits(item):
+                    refuse(item, " entry")
+
+    def check_items(value: Any) -> None:
+        for item in value:
+            if not fits(item):
+                refuse(item, " entry")
+
+    return {"value": check_value, "keys": check_keys, "values": check_values}.get(slot, check_items)
+
+
+def _bounded(wire_type: Any, domain: Domain | None) -> Any:
+    """``wire_type`` with ``domain`` on its numbers, so msgspec checks them as it decodes."""
+    if domain is None:
+        return wire_type
+    number = int if isinstance(domain, IntDomain) else float
+    if wire_type is number:
+        return domain.annotated
+    origin, args = typing.get_origin(wire_type), typing.get_args(wire_type)
+    if origin is dict and args[0] is number:
+        return types.GenericAlias(dict, (domain.annotated, args[1]))
+    if origin is dict and args[1] is number:
+        return types.GenericAlias(dict, (args[0], domain.annotated))
+    if origin in (list, set, frozenset) and args[0] is number:
+        return types.GenericAlias(origin, (domain.annotated,))
+    if origin in (typing.Union, types.UnionType) and number in args:
+        return typing.Union[tuple(domain.annotated if a is number else a for a in args)]  # noqa: UP007
+    return wire_type
 
 
 def _conforms(value: Any, tp: Any) -> bool:
@@ -297,7 +515,18 @@ def _conforms(value: Any, tp: Any) -> bool:
     return True
 
 
+def _refuse_too_deep(data: bytes) -> None:
+    try:
+        check_written_depth(data)
+    except ValueError as e:
+        raise ValidationError(str(e)) from e
+
+
 def _identity(value: Any) -> Any:
+    return value
+
+
+def _pass(value: Any, context: _Context) -> Any:
     return value
 
 
