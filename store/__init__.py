@@ -27,7 +27,7 @@ from store.errors import (
 )
 from store.keys import KeySpace
 from store.ops.calls import Reconnect
-from store.records import Lease, ReportOutcome, RequestRecord, RequestState
+from store.records import Lease, Report, ReportOutcome, RequestRecord, RequestState, Step
 from store.replicas import AsyncReplicaRegistry, ReplicaRegistry
 from store.store import RequestStore
 
@@ -48,6 +48,7 @@ __all__ = [
     "PayloadTooLargeError",
     "Reconnect",
     "ReplicaRegistry",
+    "Report",
     "ReportOutcome",
     "RequestExistsError",
     "RequestNotFound",
@@ -57,6 +58,7 @@ __all__ = [
     "RetryPolicy",
     "SchemaVersionError",
     "StalePassError",
+    "Step",
     "StoreConnectionError",
     "StoreError",
     "TransactionConflictError",

@@ -40,11 +40,19 @@ class AsyncRequestStore(StoreSettings):
         lease_ttl: float = 10.0,
         topology_cache_size: int = 4096,
         reconnect: Reconnect | None = None,
+        history_cap: int = 1000,
     ) -> None:
         self._executor = AsyncExecutor(client)
         self._core = Core(
             settings_from(
-                namespace, codec, retry, dedupe_window, lease_ttl, topology_cache_size, reconnect
+                namespace,
+                codec,
+                retry,
+                dedupe_window,
+                lease_ttl,
+                topology_cache_size,
+                reconnect,
+                history_cap,
             )
         )
         self.client = client
@@ -91,10 +99,13 @@ class AsyncRequestStore(StoreSettings):
     raise_consumed_count = async_method(fields.raise_consumed_count)
     # -- the forward pass
     record_worker_report = async_method(reports.record_worker_report)
+    record_worker_reports = async_method(reports.record_worker_reports)
     advance_partition = async_method(reports.advance_partition)
     merge_publish_info = async_method(merges.merge_publish_info)
     # -- leases and recovery
     claim_step = async_method(lease_ops.claim_step)
+    take_step = async_method(lease_ops.take_step)
+    take_steps = async_method(lease_ops.take_steps)
     release_lease = async_method(lease_ops.release_lease)
     renew_lease = async_method(lease_ops.renew_lease)
     schedule_check = async_method(lease_ops.schedule_check)

@@ -140,18 +140,28 @@ class UnknownWorkerGraphError(ValidationError):
 
 
 class FencedError(StoreError):
-    """The caller's lease was superseded (another replica claimed the step): nothing written.
+    """The write was refused because another lease drives the step: nothing written.
 
     A replica that was paused or cut off past its lease's expiry gets this on its next
-    fenced write, and must drop the request: another replica drives it now.
+    fenced write, and must drop the request: another replica drives it now. An unfenced
+    write (``token`` 0) gets it while any replica holds a live lease on ``partition``: the
+    step is that replica's to change.
     """
 
-    def __init__(self, token: int, current: int, **where: str | None) -> None:
+    def __init__(
+        self, token: int, current: int, *, partition: str | None = None, **where: str | None
+    ) -> None:
         self.token = token
         self.current = current
-        super().__init__(
-            f"lease with fencing token {token} was superseded by token {current}", **where
-        )
+        self.partition = partition
+        if token:
+            message = f"lease with fencing token {token} was superseded by token {current}"
+        else:
+            message = (
+                f"unfenced write refused: a replica holds a live lease (token {current}) on "
+                f"partition {partition!r}; pass fence= with the lease that drives it"
+            )
+        super().__init__(message, **where)
 
 
 class TransactionConflictError(StoreError):

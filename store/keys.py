@@ -6,7 +6,12 @@ on a cluster. Only the request index lives outside any request's slot.
 
     <ns>:requests                         sorted set: request id -> creation time (index)
     <ns>:deadlines                        sorted set: "<rid> <partition>" -> when to look
-                                          at it if nothing happens (recovery index)
+                                          at it if nothing happens (recovery index: a
+                                          hint, never later than the check time the
+                                          request's lease hash holds, which decides)
+    <ns>:finished                         sorted set: request id -> when its keys expire
+                                          (finished and kept with a TTL; reap drops both
+                                          its entries once that time has passed)
     <ns>:replicas                         sorted set: replica id -> last heartbeat
     <ns>:replica:<replica_id>             hash, expires a few heartbeats after the last:
                                           the replica's cumulative counters, leases held,
@@ -21,7 +26,8 @@ on a cluster. Only the request index lives outside any request's slot.
     <ns>:{<rid>}:conn:<from>-><to>        hash: StreamingConnectionState
     <ns>:{<rid>}:ops                      sorted set: applied operation id -> time (dedupe)
     <ns>:{<rid>}:lease                    hash: fencing token, and per partition the lease
-                                          on its next step (holder, token, expiry, pass)
+                                          on its next step (holder, token, expiry, pass),
+                                          its check time and its sends (store/scripts)
     <ns>:{<rid>}:history                  stream, capped: the request's timeline, one entry
                                           per operation (``mstar-store history``)
 
@@ -144,6 +150,10 @@ class KeySpace:
         return f"{self.namespace}:deadlines"
 
     @property
+    def finished(self) -> str:
+        return f"{self.namespace}:finished"
+
+    @property
     def replicas(self) -> str:
         return f"{self.namespace}:replicas"
 
@@ -185,7 +195,12 @@ class KeySpace:
         self, request_id: str, partitions: list[str], connections: list[str]
     ) -> list[str]:
         """Every key a request with this topology may hold."""
-        keys = [self.meta(request_id), self.ops(request_id), self.lease(request_id)]
+        keys = [
+            self.meta(request_id),
+            self.lease(request_id),
+            self.history(request_id),
+            self.ops(request_id),
+        ]
         for name in partitions:
             keys += [
                 self.partition(request_id, name),

@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from mstar.conductor.request_info import (
+    CurrentForwardConductorMetadata,
     PartitionDefinition,
     PartitionState,
     StreamingConnectionState,
 )
-from mstar.engine.resources import ResourceReqConfig
+from mstar.engine.resources import PublishedInfo, ResourceReqConfig
 
 
 @dataclass
@@ -53,7 +56,9 @@ class Lease:
     holder: str
     token: int
     pass_number: int
-    expires_at: float
+    expires_at: float  # by the Redis server's clock (seconds since the epoch)
+    sends: int = 0  # how often the partition's current pass was sent so far
+    sent_at: float = 0.0  # when it was last sent (server clock; 0: never)
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,12 @@ class ReportOutcome:
     """What applying one worker-graph rank report did.
 
     ``applied`` is False for a duplicate delivery, which changed nothing. ``pass_complete``
-    is True for exactly one report per forward pass: the one that completed it; when the
-    report named its replica, ``lease`` is that replica's lease on the next step.
+    is True for the report that completed its forward pass (exactly one per pass), and
+    also for a resent copy of it: a duplicate says what the first delivery did. When the
+    report named its replica, ``lease`` is that replica's lease on the next step (also on a
+    resend, while the lease is live) and ``partition`` the partition as stored right after
+    the report, publish info included, to plan the step from. With ``then_step`` the step
+    was taken in the same call: ``stepped_to`` is the new pass, and the lease has ended.
     """
 
     applied: bool
@@ -70,3 +79,41 @@ class ReportOutcome:
     worker_graph_complete: bool
     pass_complete: bool
     lease: Lease | None = None
+    partition: PartitionState | None = None
+    stepped_to: int | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """What follows a completed forward pass: the next pass's metadata and worker graphs,
+    or ``done`` (the partition has run its last pass)."""
+
+    metadata: CurrentForwardConductorMetadata
+    worker_graph_ids: tuple[str, ...] = ()
+    done: bool = False
+
+
+class Report(msgspec.Struct, frozen=True, kw_only=True):
+    """What one worker-graph rank sends after a forward pass, for whatever transport.
+
+    ``report_id`` names it across resends: the store applies it, and its published infos,
+    once. Encode it for the wire with ``store.codec.reports`` (published infos travel as
+    kind envelopes, never pickle).
+    """
+
+    request_id: str
+    partition: str
+    fwd_pass: int
+    worker_graph_id: str
+    rank: int
+    num_ranks: int
+    new_tokens: int = 0
+    output_names: tuple[str, ...] = ()
+    consumed: dict[str, int] = msgspec.field(default_factory=dict)
+    published: dict[str, PublishedInfo] = msgspec.field(default_factory=dict)
+
+    @property
+    def report_id(self) -> str:
+        return (
+            f"{self.request_id}/{self.partition}/{self.fwd_pass}/{self.worker_graph_id}/{self.rank}"
+        )

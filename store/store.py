@@ -81,6 +81,7 @@ def settings_from(
     lease_ttl: float,
     topology_cache_size: int,
     reconnect: Reconnect | None,
+    history_cap: int = 1000,
 ) -> Settings:
     return Settings(
         namespace=namespace,
@@ -90,6 +91,7 @@ def settings_from(
         lease_ttl=lease_ttl,
         topology_cache_size=topology_cache_size,
         reconnect=reconnect or DEFAULT_RECONNECT,
+        history_cap=history_cap,
     )
 
 
@@ -112,11 +114,19 @@ class RequestStore(StoreSettings):
         lease_ttl: float = 10.0,
         topology_cache_size: int = 4096,
         reconnect: Reconnect | None = None,
+        history_cap: int = 1000,
     ) -> None:
         self._executor = SyncExecutor(client)
         self._core = Core(
             settings_from(
-                namespace, codec, retry, dedupe_window, lease_ttl, topology_cache_size, reconnect
+                namespace,
+                codec,
+                retry,
+                dedupe_window,
+                lease_ttl,
+                topology_cache_size,
+                reconnect,
+                history_cap,
             )
         )
         self.client = client
@@ -162,10 +172,13 @@ class RequestStore(StoreSettings):
     raise_consumed_count = sync_method(fields.raise_consumed_count)
     # -- the forward pass
     record_worker_report = sync_method(reports.record_worker_report)
+    record_worker_reports = sync_method(reports.record_worker_reports)
     advance_partition = sync_method(reports.advance_partition)
     merge_publish_info = sync_method(merges.merge_publish_info)
     # -- leases and recovery
     claim_step = sync_method(lease_ops.claim_step)
+    take_step = sync_method(lease_ops.take_step)
+    take_steps = sync_method(lease_ops.take_steps)
     release_lease = sync_method(lease_ops.release_lease)
     renew_lease = sync_method(lease_ops.renew_lease)
     schedule_check = sync_method(lease_ops.schedule_check)

@@ -378,7 +378,7 @@ def _report_worker(
                     consumed={"src->p": _consumed(fwd_pass, wg)} if carries else None,
                 )
                 outcomes.append((fwd_pass, wg, rank, outcome))
-                completed = completed or outcome.pass_complete
+                completed = completed or (outcome.applied and outcome.pass_complete)
             # Every delivery, duplicates included, lands within its pass (a late one would
             # get StalePassError); then the conductor that saw the pass complete moves on.
             # The last pass stays open so that its per-pass state can be checked.
@@ -446,8 +446,17 @@ def test_duplicate_reports_count_once_and_exactly_one_advance_wins(
                     o.rank_completions for _, w, _, o in of_pass if w == wg and o.applied
                 )
                 assert counts == list(range(1, RANKS + 1)), (fwd_pass, wg)
-                assert sum(o.worker_graph_complete for _, w, _, o in of_pass if w == wg) == 1
-            assert sum(o.pass_complete for *_, o in of_pass) == 1, fwd_pass
+                assert (
+                    sum(o.worker_graph_complete for _, w, _, o in of_pass if w == wg and o.applied)
+                    == 1
+                )
+            # Exactly one delivery completed the pass; its resent copies say so too.
+            completing = [(w, r) for _, w, r, o in of_pass if o.applied and o.pass_complete]
+            assert len(completing) == 1, fwd_pass
+            copies = [o for _, w, r, o in of_pass if (w, r) == completing[0] and not o.applied]
+            assert copies and all(o.pass_complete for o in copies)
+            others = [o for _, w, r, o in of_pass if (w, r) != completing[0]]
+            assert not any(o.pass_complete for o in others)
 
         last = PASSES - 1
         assert results[0]["last_pass"] == {

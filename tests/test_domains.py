@@ -264,4 +264,5 @@ def test_a_held_lease_missing_a_field_is_corrupt(missing: bytes) -> None:
 def test_the_lease_decoder_uses_the_lease_domains() -> None:
     assert FIELDS[Lease] == {
         "token": domains.FENCING_TOKEN, "pass_number": PASS, "expires_at": TIME,
+        "sends": domains.COUNT, "sent_at": TIME,
     }  # fmt: skip

@@ -15,7 +15,9 @@ T0 = 1714564800123  # 2024-05-01 12:00:00.123 UTC, in ms: stream ids carry the t
 
 
 def write_timeline(store: RequestStore, rid: str) -> None:
+    """A timeline with fixed times (the reader's format), in place of what the store wrote."""
     key = store.keys.history(rid)
+    store.client.delete(key)
     entries: list[dict[str, str | bytes]] = [
         {"op": "create", "replica": "replica-a", "outcome": "applied"},
         {"op": "report", "partition": "llm", "pass": "0", "rank": "1", "wg": "wg",
@@ -73,6 +75,7 @@ def test_history_json_is_a_list_of_entries(run: Run, store: RequestStore) -> Non
 
 def test_a_damaged_entry_is_shown_not_a_traceback(run: Run, store: RequestStore) -> None:
     create(store, "r-1")
+    store.client.delete(store.keys.history("r-1"))  # in place of what the store wrote
     store.client.xadd(
         store.keys.history("r-1"),
         {"op": "report", "pass": "three", "colour": "blue", "replica": b"\xffbad"},
@@ -93,7 +96,8 @@ def test_a_damaged_entry_is_shown_not_a_traceback(run: Run, store: RequestStore)
 
 
 def test_no_history_says_whether_the_request_exists(run: Run, store: RequestStore) -> None:
-    create(store, "r-1")
+    quiet = RequestStore(store.client, namespace=store.keys.namespace, history_cap=0)
+    create(quiet, "r-1")  # a store with its history turned off
 
     held = run("history", "r-1")
     missing = run("history", "r-9")

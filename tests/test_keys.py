@@ -42,8 +42,9 @@ def test_default_namespace() -> None:
 def test_request_keys_lists_every_key_of_the_topology() -> None:
     assert KEYS.request_keys("r", ["llm", "codec"], ["llm->codec"]) == [
         "ns:{r}:meta",
-        "ns:{r}:ops",
         "ns:{r}:lease",
+        "ns:{r}:history",
+        "ns:{r}:ops",
         "ns:{r}:part:llm",
         "ns:{r}:pub:llm",
         "ns:{r}:merging:llm",
@@ -66,7 +67,7 @@ request_ids = st.text(
 def test_every_request_key_shares_one_slot(rid: str, a: str, b: str) -> None:
     space = KeySpace("some:ns")
     keys = space.request_keys(rid, [a, b], [connection_name(a, b)])
-    assert len(keys) == 10
+    assert len(keys) == 11
     assert validate_request_id(rid) == rid
     assert {key_slot(k.encode()) for k in keys} == {key_slot(rid.encode())}
     # The shared keys hash on their whole name, in no request's tag.

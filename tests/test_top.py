@@ -36,9 +36,8 @@ def busy_namespace(store: RequestStore) -> None:
     client, keys = store.client, store.keys
     for rid in ("r-1", "r-2", "r-3"):
         create(store, rid)
-    store.schedule_check("r-1", "llm", NOW - 30)
-    store.schedule_check("r-2", "llm", NOW - 10)
-    store.schedule_check("r-3", "llm", NOW + 100)
+    # The recovery index as the steps left it, at the test's fixed clock.
+    client.zadd(keys.deadlines, {"r-1 llm": NOW - 30, "r-2 llm": NOW - 10, "r-3 llm": NOW + 100})
     registry = ReplicaRegistry(client, namespace=keys.namespace)
     registry.heartbeat("replica-a", now=NOW)
     registry.heartbeat("replica-b", now=NOW - 2)

@@ -92,8 +92,9 @@ def table(entries: list[Entry]) -> list[str]:
     rows = [HEADERS, *(entry_line(e) for e in entries)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS) - 1)]
     return [
-        ("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
-        .rstrip()
+        (
+            "  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
+        ).rstrip()
         for row in rows
     ]
 

@@ -34,8 +34,7 @@ from store.stats import ReplicaStats
 DEFAULT_INTERVAL = 1.0
 DEFAULT_WITHIN = 5.0
 NO_RICH_HINT = (
-    "hint: `pip install 'mstar-conductor-store[top]'` (rich) for a live table; "
-    "plain frames follow"
+    "hint: `pip install 'mstar-conductor-store[top]'` (rich) for a live table; plain frames follow"
 )
 
 

@@ -132,7 +132,13 @@ FIELDS: Mapping[type, Mapping[str, Domain]] = {
     KVSequenceInfo: {"seq_len": SEQ_LEN},
     PublishedKVInfo: {"info": KV_RANK, "world_size": WORLD_SIZE},
     PublishedPositionInfo: {"counters": POSITION},
-    Lease: {"token": FENCING_TOKEN, "pass_number": PASS, "expires_at": TIME},
+    Lease: {
+        "token": FENCING_TOKEN,
+        "pass_number": PASS,
+        "expires_at": TIME,
+        "sends": COUNT,
+        "sent_at": TIME,
+    },
 }
 """Stored type -> field -> the domain of the numbers the field holds."""
 

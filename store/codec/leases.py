@@ -2,7 +2,8 @@
 
 The hash (``<ns>:{<rid>}:lease``, written only by the lease scripts) holds the request's
 fencing token ``token`` and, per partition ``p`` whose step a replica holds, ``holder[p]``,
-``token[p]``, ``expires[p]`` (seconds) and ``pass[p]``; ``token[p]`` stays after a release.
+``token[p]``, ``expires[p]`` (seconds) and ``pass[p]``; ``token[p]`` stays after a release,
+as do ``sends[p]`` and ``sent[p]`` (how often and when p's current pass was sent).
 A lease whose fields are missing, not UTF-8 or outside their domains is damage, reported as
 ``CorruptRecordError`` naming the field, never read as a default.
 """
@@ -13,7 +14,15 @@ import re
 from collections.abc import Mapping
 
 from store.codec.bounds import parse_int
-from store.codec.domains import FENCING_TOKEN, PASS, TIME, FloatDomain, IntDomain, check_stored
+from store.codec.domains import (
+    COUNT,
+    FENCING_TOKEN,
+    PASS,
+    TIME,
+    FloatDomain,
+    IntDomain,
+    check_stored,
+)
 from store.errors import CorruptRecordError
 from store.keys import MAX_NAME_LENGTH
 from store.records import Lease
@@ -43,6 +52,8 @@ def decode_leases(raw: Mapping[bytes, bytes], request_id: str, key: str) -> dict
             _int(fields, f"token[{partition}]", FENCING_TOKEN, where),
             _int(fields, f"pass[{partition}]", PASS, where),
             _float(fields, f"expires[{partition}]", TIME, where),
+            sends=_int(fields, f"sends[{partition}]", COUNT, where, missing=0),
+            sent_at=_float(fields, f"sent[{partition}]", TIME, where, missing=0.0),
         )
     return out
 
@@ -55,8 +66,14 @@ def _held(fields: Mapping[str, bytes], name: str, where: dict[str, str | None]) 
 
 
 def _int(
-    fields: Mapping[str, bytes], name: str, domain: IntDomain, where: dict[str, str | None]
+    fields: Mapping[str, bytes],
+    name: str,
+    domain: IntDomain,
+    where: dict[str, str | None],
+    missing: int | None = None,
 ) -> int:
+    if missing is not None and name not in fields:  # kept only once a pass was sent
+        return missing
     raw = _held(fields, name, where)
     try:
         value = parse_int(raw)
@@ -66,8 +83,14 @@ def _int(
 
 
 def _float(
-    fields: Mapping[str, bytes], name: str, domain: FloatDomain, where: dict[str, str | None]
+    fields: Mapping[str, bytes],
+    name: str,
+    domain: FloatDomain,
+    where: dict[str, str | None],
+    missing: float | None = None,
 ) -> float:
+    if missing is not None and name not in fields:
+        return missing
     raw = _held(fields, name, where)
     if not _DECIMAL.fullmatch(raw):
         raise CorruptRecordError(f"lease {raw[:40]!r} is not a number", **where, field=name)

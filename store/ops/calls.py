@@ -23,6 +23,7 @@ from store.ops.effects import (
     Op,
     RefreshSlots,
     Send,
+    SendMany,
     Sleep,
 )
 
@@ -86,6 +87,20 @@ class Scripts:
         }
 
 
+@dataclass(frozen=True)
+class ScriptCall:
+    """A script run by name: what ``script``'s ``alongside`` sends with another script."""
+
+    name: str
+    keys: Sequence[str]
+    args: Sequence[Any]
+
+    def command(self, scripts: Scripts, loaded: bool = False) -> Command:
+        if loaded:
+            return ("EVAL", scripts.sources[self.name], len(self.keys), *self.keys, *self.args)
+        return ("EVALSHA", scripts.shas[self.name], len(self.keys), *self.keys, *self.args)
+
+
 def send(
     key: str,
     commands: Sequence[Command],
@@ -135,6 +150,11 @@ def send(
             raise StoreError(f"the cluster kept redirecting: {refusal.message}", **where)
 
 
+def needs_resend(replies: Sequence[Any]) -> bool:
+    """The replies ask for the commands elsewhere or later (see ``send``)."""
+    return _redirect_or_pause(replies) is not None
+
+
 def _redirect_or_pause(replies: Sequence[Any]) -> ErrorReply | None:
     """The first reply that asks for the command elsewhere or later, if any."""
     for reply in replies:
@@ -163,32 +183,49 @@ def script(
     where: Where,
     reads: Sequence[Command] = (),
     reconnect: Reconnect = DEFAULT_RECONNECT,
+    alongside: Sequence[ScriptCall] = (),
 ) -> Op[list[Any]]:
     """Run script ``name`` by EVALSHA (loading it if the server lacks it); its reply, then
     the replies of ``reads`` run right after it in the same MULTI..EXEC, atomically.
 
     A read outside the script costs the server far less than the same read inside Lua.
+    ``alongside`` are scripts sent in the same round trip as this one's first try, to
+    whichever servers own their keys: idempotent writes (recovery hints) whose failure
+    costs nothing but an early look, so they are not sent again after a failure (but a
+    server that lacked one of them gets it loaded).
     """
     call: Command = ("EVALSHA", scripts.shas[name], len(keys), *keys, *args)
     for loaded in (False, True):
         if loaded:
             call = ("EVAL", scripts.sources[name], *call[2:])
+        commands = [("MULTI",), call, *reads, ("EXEC",)] if reads else [call]
+        if alongside and not loaded:
+            sends = [Send(keys[0], commands)]
+            sends += [Send(c.keys[0], [c.command(scripts)]) for c in alongside]
+            replies, *others = yield SendMany(sends)
+            for other, reply in zip(alongside, others, strict=True):
+                if isinstance(reply, list) and _noscript(reply[0]):
+                    yield SendMany([Send(other.keys[0], [other.command(scripts, True)])])
+            if isinstance(replies, Disconnected) or _redirect_or_pause(replies) is not None:
+                replies = yield from send(keys[0], commands, where, reconnect)
+        else:
+            replies = yield from send(keys[0], commands, where, reconnect)
         if reads:
-            replies = yield from send(
-                keys[0], [("MULTI",), call, *reads, ("EXEC",)], where, reconnect
-            )
             raise_error_replies(replies[:-1], where)  # a queueing error (wrong arity, say)
             results = replies[-1]
             if not isinstance(results, list):
                 raise StoreError(f"MULTI..EXEC did not run: {results!r}", **where)
         else:
-            results = yield from send(keys[0], [call], where, reconnect)
-        first = results[0]
-        if isinstance(first, ErrorReply) and first.kind == "NOSCRIPT":
+            results = list(replies)
+        if _noscript(results[0]):
             continue  # the server was restarted or flushed its script cache
         raise_error_replies(results, where)
         return results
     raise StoreError(f"Redis does not keep script {name!r} after loading it", **where)
+
+
+def _noscript(reply: Any) -> bool:
+    return isinstance(reply, ErrorReply) and reply.kind == "NOSCRIPT"
 
 
 def hash_reply(reply: Any) -> dict[bytes, bytes]:

@@ -18,7 +18,11 @@ from functools import cached_property
 from typing import Any
 
 from migrations import RecordKind
-from mstar.conductor.request_info import PartitionState, StreamingConnectionState
+from mstar.conductor.request_info import (
+    CurrentForwardConductorMetadata,
+    PartitionState,
+    StreamingConnectionState,
+)
 from mstar.engine.resources import PublishedInfo
 from store import scripts as script_files
 from store.backoff import RetryPolicy
@@ -33,26 +37,41 @@ from store.errors import (
     PartitionNotFound,
     RequestNotFound,
     StoreError,
+    ValidationError,
 )
 from store.keys import KeySpace
-from store.ops.calls import DEFAULT_RECONNECT, Reconnect, Scripts, Where, script, send
-from store.ops.effects import Command, Op
+from store.ops.calls import (
+    DEFAULT_RECONNECT,
+    Reconnect,
+    ScriptCall,
+    Scripts,
+    Where,
+    hash_reply,
+    needs_resend,
+    raise_error_replies,
+    script,
+    send,
+)
+from store.ops.effects import Command, Disconnected, Op, Send, SendMany
 from store.records import Lease, RequestRecord
 from store.schema import SCHEMA_VERSION
 from store.upgrade import RecordOutdated, parse_version, to_current, upgrade_stored
 
 SCRIPT_NAMES = (
     "create_request",
-    "apply_report",
+    "finish_request",
+    "delete_request",
+    "report",
+    "step",
     "advance_partition",
     "add_tokens",
     "raise_field",
     "update_fields",
-    "load_hashes",
     "claim_step",
-    "release_lease",
     "renew_lease",
     "merge_parts",
+    "hint",
+    "due_steps",
 )
 VERSION = str(SCHEMA_VERSION).encode()
 
@@ -110,12 +129,15 @@ class Settings:
     lease_ttl: float = 10.0
     topology_cache_size: int = 4096
     reconnect: Reconnect = DEFAULT_RECONNECT
+    history_cap: int = 1000  # entries kept per request's history stream; 0 turns it off
 
     def __post_init__(self) -> None:
         if self.dedupe_window <= 0 or self.lease_ttl <= 0:
             raise ConfigurationError("dedupe_window and lease_ttl must be positive")
         if self.topology_cache_size < 0:
             raise ConfigurationError("topology_cache_size must be >= 0")
+        if type(self.history_cap) is not int or self.history_cap < 0:
+            raise ConfigurationError("history_cap must be an int >= 0 (0 turns history off)")
 
 
 SETTING_NAMES = ("codec", "retry", "dedupe_window", "lease_ttl", "topology_cache_size", "reconnect")
@@ -132,6 +154,7 @@ class Core:
         self.lease_ttl = settings.lease_ttl
         self.dedupe_window = settings.dedupe_window
         self.reconnect = settings.reconnect
+        self.history_cap = str(settings.history_cap)
         self.stats = StoreStats()
         self.partition_layout = RecordLayout(
             PartitionState, self.codec, exclude=("resource_publish_info",)
@@ -158,6 +181,17 @@ class Core:
         """``commands`` to ``key``'s server, with this store's reconnect policy."""
         return send(key, commands, where, self.reconnect)
 
+    def send_all(self, sends: Sequence[Send], where: Where) -> Op[list[list[Any]]]:
+        """Several sends in one round trip (one write per server); a send that met a lost
+        connection or a redirect is sent again on its own, as ``send`` would."""
+        results = yield SendMany(sends)
+        out = []
+        for one, replies in zip(sends, results, strict=True):
+            if isinstance(replies, Disconnected) or needs_resend(replies):
+                replies = yield from self.send(one.key, one.commands, where)
+            out.append(replies)
+        return out
+
     def script(
         self,
         name: str,
@@ -165,8 +199,9 @@ class Core:
         args: Sequence[Any],
         where: Where,
         reads: Sequence[Command] = (),
+        alongside: Sequence[ScriptCall] = (),
     ) -> Op[list[Any]]:
-        return script(self.scripts, name, keys, args, where, reads, self.reconnect)
+        return script(self.scripts, name, keys, args, where, reads, self.reconnect, alongside)
 
     # -- scripts --------------------------------------------------------------------------
 
@@ -180,16 +215,18 @@ class Core:
         fence: Lease | None = None,
         *,
         reads: Sequence[Command] = (),
+        alongside: Sequence[ScriptCall] = (),
         upgraded: bool = False,
     ) -> Op[Any]:
-        """Run a script; turn its NOKEY, SCHEMA and FENCED statuses into typed errors.
+        """Run a script; turn its NOKEY, SCHEMA, FENCED and RANGE statuses into typed errors.
 
         A record older than the code (SCHEMA) is upgraded in Redis with the other records
         among ``keys``, and the script runs once more. With ``reads``, returns the script's
-        reply followed by theirs (run right after it, atomically).
+        reply followed by theirs (run right after it, atomically); ``alongside`` go out
+        with the first try (see ``store.ops.calls.script``).
         """
         where = {"request_id": rid, "key": keys[0]}
-        replies = yield from self.script(name, keys, args, where, reads)
+        replies = yield from self.script(name, keys, args, where, reads, alongside)
         reply = replies[0]
         status = reply[0]
         if status == b"NOKEY":
@@ -197,8 +234,19 @@ class Core:
             kind = ConnectionNotFound if ":conn:" in key else missing
             yield from self.raise_not_found(rid, kind, "no such record", key=key)
         if status == b"FENCED":
-            token = fence.token if fence else 0
-            raise FencedError(token, int(reply[1]), request_id=rid, key=self.keys.lease(rid))
+            if fence is None:  # an unfenced write while a replica drives the partition
+                partition = reply[2].decode() if len(reply) > 2 else None
+                raise FencedError(
+                    0, int(reply[1]), request_id=rid, key=self.keys.lease(rid),
+                    partition=partition,
+                )  # fmt: skip
+            raise FencedError(fence.token, int(reply[1]), request_id=rid, key=self.keys.lease(rid))
+        if status == b"RANGE":
+            field = reply[1].decode()
+            raise ValidationError(
+                f"{field} would reach 2**53, beyond what the store counts exactly",
+                request_id=rid, key=keys[0], field=field,
+            )  # fmt: skip
         if status == b"SCHEMA":
             try:
                 self.check_version(rid, reply[1].decode(), reply[2])
@@ -211,7 +259,7 @@ class Core:
                 )
                 result = yield from self.run(
                     rid, name, keys, args, missing, fence, reads=reads, upgraded=True
-                )
+                )  # the hints alongside went out with the first try
                 return result
             raise CorruptRecordError(  # a current version reported as outdated
                 f"script {name!r} refused schema version {reply[2]!r}", request_id=rid
@@ -238,9 +286,13 @@ class Core:
         raise RecordOutdated(found, request_id=rid, key=key)
 
     def load_hashes(self, rid: str, keys: list[str]) -> Op[list[dict[bytes, bytes]]]:
+        """The hashes at ``keys`` (one request's) as one consistent snapshot: HGETALLs in
+        one MULTI..EXEC, which costs the server less than the same reads inside Lua."""
         where = {"request_id": rid, "key": keys[0]}
-        (replies,) = yield from self.script("load_hashes", keys, [], where)
-        return [dict(zip(flat[::2], flat[1::2], strict=True)) for flat in replies]
+        commands: list[Command] = [("MULTI",), *(("HGETALL", k) for k in keys), ("EXEC",)]
+        replies = yield from self.send(keys[0], commands, where)
+        raise_error_replies(replies, where)
+        return [hash_reply(flat) for flat in replies[-1]]
 
     # -- decoding -------------------------------------------------------------------------
 
@@ -281,6 +333,23 @@ class Core:
         raw, _ = to_current(RecordKind.CONNECTION, raw, request_id=rid, key=key)
         return self.connection_layout.decode(raw, request_id=rid, key=key)
 
+    def encode_step(
+        self, rid: str, key: str, metadata: Any, worker_graph_ids: Sequence[str]
+    ) -> tuple[bytes, list[str]]:
+        """A step's metadata as its stored field value, and its worker graph ids, checked."""
+        if not isinstance(metadata, CurrentForwardConductorMetadata):
+            raise ValidationError(
+                "metadata must be a CurrentForwardConductorMetadata",
+                request_id=rid,
+                key=key,
+                field="metadata",
+            )
+        layout = self.partition_layout
+        encoded = layout.encode_field("metadata", metadata, request_id=rid, key=key)
+        wgs = list(worker_graph_ids)
+        layout.encode_field("current_worker_graph_ids", set(wgs), request_id=rid, key=key)
+        return encoded["metadata"], wgs
+
     def encode_infos(
         self, rid: str, key: str, infos: Mapping[str, PublishedInfo]
     ) -> dict[str, bytes]:
@@ -291,6 +360,9 @@ class Core:
         return out
 
     # -- topologies -----------------------------------------------------------------------
+
+    def cached_topology(self, rid: str) -> Topology | None:
+        return self._topologies.get(rid)
 
     def topology(self, rid: str) -> Op[Topology]:
         """The request's topology, from the cache or read from its record."""
@@ -324,14 +396,26 @@ def pairs(fields: Mapping[str, bytes]) -> list[Any]:
     return out
 
 
+def join_ids(ids: Sequence[str]) -> bytes:
+    """Worker graph ids as the scripts keep them in one field: "<bytes>:<id>" each."""
+    out = b""
+    for id_ in ids:
+        raw = id_.encode()
+        out += b"%d:%s" % (len(raw), raw)
+    return out
+
+
 def deadline_member(rid: str, partition: str) -> str:
     # Request ids hold no spaces (validated), so the first space splits the member.
     return f"{rid} {partition}"
 
 
-def fence_args(fence: Lease | None) -> list[Any]:
-    """The (partition, token) script arguments of a fence; empty strings for none."""
-    return [fence.partition, fence.token] if fence else ["", ""]
+def fence_args(fence: Lease | None, target: str) -> list[Any]:
+    """The (what, token) arguments of a write's fence check (see update_fields.lua):
+    ``target`` is the partition the write belongs to, '*' for the request, '-' for none."""
+    if fence is None:
+        return [target, ""]
+    return [fence.partition if target == "*" else target, fence.token]
 
 
 def window(core: Core) -> tuple[float, float]:

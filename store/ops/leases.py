@@ -1,100 +1,185 @@
-"""Leases on steps and the recovery index: claim, release, renew, schedule, list due."""
+"""Leases on steps, the steps themselves, and the recovery index.
+
+Every time that decides something (is a lease live, is a step due) is the Redis server's
+clock, read inside the scripts: replicas whose clocks disagree still agree on leases.
+
+Recovery reads the ``<ns>:deadlines`` index to learn which partitions to look at. That
+index is a hint, kept no later than the check time held in the request's lease hash
+(``check[p]``), which ``claim_step`` decides by; on a cluster the index lives in a slot of
+its own, so a step cannot update it in the same script. So a step sends the hint's update
+alongside its script in the same round trip, and never waits for it: if it is lost, the
+look comes early, finds the step not due, and puts the hint right. A step sets the hint to
+``min(check_in, lease_ttl)`` from now, so the lease granted by the pass's completing report
+(which writes no hint) always expires after the hint: a driver that dies holding it is
+looked at once its lease lapses.
+"""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Sequence
+from typing import Any
 
-from store.errors import NotFoundError, PartitionNotFound, RequestNotFound, ValidationError
+from store.codec import domains
+from store.codec.leases import decode_leases
+from store.errors import NotFoundError, PartitionNotFound, StalePassError, ValidationError
 from store.keys import validate_name, validate_request_id
 from store.ops.args import check_replica_id
-from store.ops.calls import hash_reply
+from store.ops.batch import gather
+from store.ops.calls import ScriptCall, hash_reply
 from store.ops.core import VERSION, Core, deadline_member
 from store.ops.effects import Op
-from store.records import Lease
+from store.records import Lease, Step
 
 
 def claim_step(
     core: Core, request_id: str, partition_name: str, replica_id: str
 ) -> Op[Lease | None]:
-    """Take over a partition's next step if no live lease covers it; else None.
+    """Take over a partition's next step if no live lease covers it and its check time has
+    come; else None. A claim resent by the replica that holds the lease gets it back.
 
     Raises the request's fencing token, so every write fenced with an earlier lease is
     rejected from now on. The claimer reads the partition and redoes whatever the old
-    driver may not have done (advance, if ``pass_number`` is still the completed pass;
-    then send the pass): each of those is safe to repeat.
+    driver may not have done (take the step if the pass is complete, else send the pass
+    again): each of those is safe to repeat. ``Lease.sends`` and ``.sent_at`` say how often
+    and when the current pass was last sent, for backing off resends.
     """
     rid = validate_request_id(request_id)
     name = validate_name(partition_name, what="partition name", request_id=rid)
     holder = check_replica_id(replica_id, rid)
     if not holder:
         raise ValidationError("claim_step needs a replica id", request_id=rid)
-    now = time.time()
-    keys = [core.keys.lease(rid), core.keys.partition(rid, name)]
-    args = [VERSION, name, holder, now, core.lease_ttl]
+    keys = [core.keys.lease(rid), core.keys.partition(rid, name), core.keys.history(rid)]
+    args = [VERSION, name, holder, core.lease_ttl, core.history_cap]
     try:
         reply = yield from core.run(rid, "claim_step", keys, args, PartitionNotFound)
     except NotFoundError:
         # A recovery entry that outlived its request (scheduled by a replica racing the
         # delete): drop it, or due_steps would return it forever.
-        yield from unschedule(core, rid, name)
+        yield from unschedule(core, rid, [name])
         raise
-    if reply[0] != b"OK":
-        return None
-    lease = Lease(rid, name, holder, int(reply[1]), int(reply[2]), now + core.lease_ttl)
-    yield from schedule(core, rid, name, lease.expires_at)
-    return lease
+    status = reply[0]
+    if status == b"OK":
+        lease = Lease(
+            rid, name, holder, int(reply[1]), int(reply[2]), float(reply[4]),
+            sends=int(reply[5]), sent_at=float(reply[6]),
+        )  # fmt: skip
+        # Recovery looks again when this lease lapses, unless the step moves it on first.
+        yield from schedule(core, rid, name, core.lease_ttl, mode="SET")
+        return lease
+    # Not ours: look again when the holder's lease lapses, or at the check time.
+    at, server_now = float(reply[2 if status == b"HELD" else 1]), float(reply[-1])
+    yield from schedule(core, rid, name, max(0.0, at - server_now), mode="SET")
+    return None
 
 
-def release_lease(core: Core, lease: Lease, *, check_at: float | None = None) -> Op[None]:
-    """Record that the lease's step was sent; the lease ends.
+def take_step(core: Core, lease: Lease, step: Step, *, check_in: float | None = None) -> Op[int]:
+    """Take the lease's step in one call: advance the partition to the next pass (``step``:
+    its metadata and worker graphs, or ``done``), record that it is being sent, end the
+    lease, and have recovery look again in ``check_in`` seconds if nothing moves the
+    partition on (``None``: never; the partition is done). Returns the new pass.
 
-    ``check_at`` is when recovery should look at the partition again if no report moves
-    it on (the pass deadline); None takes it off the recovery index (partition done).
-    Raises ``FencedError`` if the lease was superseded.
+    Raises ``FencedError`` if the lease was superseded, ``StalePassError`` if the
+    partition is not at the lease's pass any more. A step resent after a lost reply is
+    recognised and returns the same pass.
     """
     rid = lease.request_id
-    keys = [core.keys.lease(rid)]
-    args = [lease.partition, lease.token]
-    yield from core.run(rid, "release_lease", keys, args, RequestNotFound, lease)
-    if check_at is None:
-        yield from unschedule(core, rid, lease.partition)
-    else:
-        yield from schedule(core, rid, lease.partition, check_at)
+    key = core.keys.partition(rid, lease.partition)
+    metadata, wgs = core.encode_step(rid, key, step.metadata, step.worker_graph_ids)
+    topology = yield from core.topology(rid)
+    conns = topology.outgoing(lease.partition) if step.done else ()
+    reply = yield from _step(core, lease, metadata, "1" if step.done else "0", check_in, wgs, conns)
+    return int(reply[1])
+
+
+def release_lease(core: Core, lease: Lease, *, check_in: float | None = None) -> Op[None]:
+    """End the lease without advancing: the current pass was sent (again), or the step is
+    handed over. Recovery looks at the partition again in ``check_in`` seconds if no report
+    moves it on (``0``: at once, so another replica takes it over now; ``None``: never, the
+    partition is done). Raises ``FencedError`` if the lease was superseded.
+    """
+    yield from _step(core, lease, "", "0", check_in, [], ())
+
+
+def _step(
+    core: Core,
+    lease: Lease,
+    metadata: bytes | str,
+    done: str,
+    check_in: float | None,
+    wgs: Sequence[str],
+    conns: Sequence[str],
+) -> Op[list[Any]]:
+    rid, name = lease.request_id, lease.partition
+    keys = core.keys
+    script_keys = [keys.partition(rid, name), keys.lease(rid), keys.history(rid)]
+    script_keys += [keys.connection(rid, c) for c in conns]
+    check = check_in_arg(check_in, rid)
+    args = [
+        VERSION, lease.pass_number, name, lease.token, lease.holder, metadata, done, check,
+        core.history_cap, *wgs,
+    ]  # fmt: skip
+    reply: list[Any] = yield from core.run(
+        rid, "step", script_keys, args, PartitionNotFound, lease,
+        alongside=step_hint(core, rid, name, check),
+    )  # fmt: skip
+    if reply[0] == b"STALE":
+        raise StalePassError(lease.pass_number, int(reply[1]), request_id=rid, key=script_keys[0])
+    return reply
+
+
+def take_steps(
+    core: Core, steps: Sequence[tuple[Lease, Step, float | None]]
+) -> Op[list[int | Any]]:
+    """Many ``take_step`` calls at once (``(lease, step, check_in)`` each): one round trip
+    per Redis server; one entry per step, the new pass or the ``StoreError`` it met."""
+    return (
+        yield from gather(
+            [take_step(core, lease, step, check_in=check_in) for lease, step, check_in in steps]
+        )
+    )
 
 
 def renew_lease(core: Core, lease: Lease, ttl: float | None = None) -> Op[Lease]:
-    """Extend a lease still held; raises ``FencedError`` if it was superseded."""
-    expires = time.time() + (ttl or core.lease_ttl)
+    """Extend a lease still held, ``ttl`` seconds from now (default: the store's lease
+    TTL); raises ``FencedError`` if it was superseded."""
+    seconds = core.lease_ttl if ttl is None else ttl
+    domains.check_float(seconds, domains.DURATION, what="ttl", request_id=lease.request_id)
     rid = lease.request_id
     keys = [core.keys.lease(rid)]
-    args = [lease.partition, lease.token, expires]
-    yield from core.run(rid, "renew_lease", keys, args, RequestNotFound, lease)
-    yield from schedule(core, rid, lease.partition, expires)
-    return Lease(rid, lease.partition, lease.holder, lease.token, lease.pass_number, expires)
+    args = [lease.partition, lease.token, seconds]
+    reply = yield from core.run(rid, "renew_lease", keys, args, PartitionNotFound, lease)
+    return Lease(
+        rid, lease.partition, lease.holder, lease.token, lease.pass_number, float(reply[1]),
+        sends=lease.sends, sent_at=lease.sent_at,
+    )  # fmt: skip
 
 
-def schedule_check(core: Core, request_id: str, partition_name: str, at: float) -> Op[None]:
-    """Ask recovery to look at the partition at ``at`` unless something moves it first."""
+def schedule_check(core: Core, request_id: str, partition_name: str, in_seconds: float) -> Op[None]:
+    """Have recovery look at the partition ``in_seconds`` from now (server clock) at the
+    latest, unless something moves it on first; a later time already set is brought
+    forward, an earlier one kept."""
     rid = validate_request_id(request_id)
     name = validate_name(partition_name, what="partition name", request_id=rid)
-    yield from schedule(core, rid, name, at)
+    domains.check_float(in_seconds, domains.DURATION, what="in_seconds", request_id=rid)
+    yield from schedule(core, rid, name, in_seconds, mode="LT")
 
 
-def due_steps(
-    core: Core, *, now: float | None = None, limit: int = 100
-) -> Op[list[tuple[str, str]]]:
-    """(request id, partition) pairs whose check time has passed, oldest first.
+def due_steps(core: Core, *, limit: int = 100) -> Op[list[tuple[str, str]]]:
+    """(request id, partition) pairs whose look is due by the server's clock, oldest first.
 
-    Costs O(log n + returned), read from the recovery index; never a SCAN.
+    Costs O(log n + returned), read from the recovery index; never a SCAN. A pair may be
+    returned when its step is not due after all (the index is a hint): ``claim_step`` says.
     """
+    domains.check_int(limit, domains.LIMIT, what="limit")
     index = core.keys.deadlines
-    until = now or time.time()
-    (members,) = yield from core.send(
-        index, [("ZRANGEBYSCORE", index, "-inf", until, "LIMIT", 0, limit)], {}
-    )
+    where: dict[str, str | None] = {"key": index}
+    reply = yield from core.script("due_steps", [index], [limit], where)
     out = []
-    for member in members:
-        rid, _, name = member.decode().partition(" ")
+    for member in reply[0][1::2]:
+        try:
+            rid, _, name = member.decode().partition(" ")
+        except UnicodeDecodeError:
+            continue  # not a member the store writes; nothing to recover
         out.append((rid, name))
     return out
 
@@ -104,29 +189,39 @@ def leases(core: Core, request_id: str) -> Op[dict[str, Lease]]:
     rid = validate_request_id(request_id)
     key = core.keys.lease(rid)
     (raw,) = yield from core.send(key, [("HGETALL", key)], {"request_id": rid})
-    fields = {k.decode(): v.decode() for k, v in hash_reply(raw).items()}
-    out = {}
-    for field, holder in fields.items():
-        if field.startswith("holder[") and field.endswith("]"):
-            name = field[7:-1]
-            out[name] = Lease(
-                rid,
-                name,
-                holder,
-                int(fields.get(f"token[{name}]", 0)),
-                int(fields.get(f"pass[{name}]", 0)),
-                float(fields.get(f"expires[{name}]", 0)),
-            )
-    return out
+    return decode_leases(hash_reply(raw), rid, key)
 
 
-def schedule(core: Core, rid: str, partition: str, at: float) -> Op[None]:
-    index = core.keys.deadlines
+# -- the recovery index -------------------------------------------------------------------
+
+
+def check_in_arg(check_in: float | None, rid: str) -> str | float:
+    """``check_in`` as the scripts take it: seconds, or '' for never."""
+    if check_in is None:
+        return ""
+    domains.check_float(check_in, domains.DURATION, what="check_in", request_id=rid)
+    return check_in
+
+
+def step_hint(core: Core, rid: str, partition: str, check: str | float) -> list[ScriptCall]:
+    """The hint write that goes alongside a step (see the module docstring)."""
     member = deadline_member(rid, partition)
-    yield from core.send(index, [("ZADD", index, at, member)], {"request_id": rid})
+    if check == "":
+        return [_hint_call(core, "REM", 0, [member])]
+    return [_hint_call(core, "SET", min(float(check), core.lease_ttl), [member])]
 
 
-def unschedule(core: Core, rid: str, partition: str) -> Op[None]:
-    index = core.keys.deadlines
-    member = deadline_member(rid, partition)
-    yield from core.send(index, [("ZREM", index, member)], {"request_id": rid})
+def schedule(core: Core, rid: str, partition: str, in_seconds: float, *, mode: str) -> Op[None]:
+    call = _hint_call(core, mode, in_seconds, [deadline_member(rid, partition)])
+    yield from core.script(call.name, call.keys, call.args, {"request_id": rid})
+
+
+def unschedule(core: Core, rid: str, partitions: Sequence[str]) -> Op[None]:
+    members = [deadline_member(rid, p) for p in partitions]
+    if members:
+        call = _hint_call(core, "REM", 0, members)
+        yield from core.script(call.name, call.keys, call.args, {"request_id": rid})
+
+
+def _hint_call(core: Core, mode: str, in_seconds: float, members: list[str]) -> ScriptCall:
+    return ScriptCall("hint", [core.keys.deadlines], [mode, in_seconds, *members])

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from mstar.conductor.request_info import PartitionState, StreamingConnectionState
-from store.errors import RequestExistsError, RequestNotFound, ValidationError
+from store.codec import domains
+from store.errors import (
+    RequestExistsError,
+    RequestNotFound,
+    StoreConnectionError,
+    StoreError,
+    ValidationError,
+)
 from store.keys import connection_name, split_connection_name, validate_name, validate_request_id
-from store.ops.core import Core, Topology, deadline_member
-from store.ops.effects import Command, Op
-from store.ops.fields import update_fields
-from store.ops.leases import release_lease
+from store.ops.calls import ScriptCall
+from store.ops.core import VERSION, Core, Topology, deadline_member, join_ids
+from store.ops.effects import Op, Send
+from store.ops.leases import check_in_arg
 from store.records import Lease, RequestRecord
+
+log = logging.getLogger(__name__)
 
 
 def create_request(
@@ -27,11 +37,14 @@ def create_request(
     resource_configs: Mapping[str, Any] | None = None,
     partition_definitions: Mapping[str, Any] | None = None,
     op_id: str | None = None,
+    check_in: float | None = None,
 ) -> Op[None]:
     """Store a new request with all its partitions and connections, all or nothing.
 
-    Raises ``RequestExistsError`` if the id is held already (a resend of this very create
-    after a lost reply is recognised and succeeds).
+    With ``check_in``, recovery looks at each partition that many seconds from now unless
+    a report moves it on first (the first pass's deadline: a first pass whose reports are
+    lost is sent again). Raises ``RequestExistsError`` if the id is held already (a resend
+    of this very create after a lost reply is recognised and succeeds).
     """
     rid = validate_request_id(request_id)
     connections = connections or {}
@@ -53,13 +66,21 @@ def create_request(
     ]
     for name, state in partitions.items():
         key = keys.partition(rid, name)
-        hashes.append((key, core.partition_layout.encode(state, request_id=rid, key=key)))
+        fields = core.partition_layout.encode(state, request_id=rid, key=key)
+        # The per-pass bookkeeping the scripts keep (see count_pending in _lib.lua).
+        pending = state.current_worker_graph_ids - state.completed_worker_graph_ids
+        fields["_pending"] = str(len(pending)).encode()
+        ids = state.current_worker_graph_ids | state.completed_worker_graph_ids
+        fields["_wgs"] = join_ids(sorted(ids | set(state.wg_rank_completions)))
+        hashes.append((key, fields))
         pub = keys.publish_info(rid, name)
         hashes.append((pub, core.encode_infos(rid, pub, state.resource_publish_info)))
     for name, conn in connections.items():
         key = keys.connection(rid, name)
         hashes.append((key, core.connection_layout.encode(conn, request_id=rid, key=key)))
-    args: list[Any] = [op_id or core.new_op_id()]
+    check = check_in_arg(check_in, rid)
+    args: list[Any] = [op_id or core.new_op_id(), core.history_cap, check, len(partitions)]
+    args += list(partitions)
     for _, fields in hashes:
         args.append(len(fields))
         for field, value in fields.items():
@@ -67,10 +88,15 @@ def create_request(
     where = {"request_id": rid}
     # Index first: a crash in between leaves an index entry without a request (which
     # readers skip and delete removes), never a request no index can find.
-    yield from core.send(keys.index, [("ZADD", keys.index, "NX", record.created_at, rid)], where)
-    status = yield from core.run(
-        rid, "create_request", [k for k, _ in hashes], args, RequestNotFound
-    )
+    first: list[Send] = [Send(keys.index, [("ZADD", keys.index, "NX", record.created_at, rid)])]
+    if check != "":
+        members = [deadline_member(rid, p) for p in partitions]
+        hint = ScriptCall("hint", [keys.deadlines], ["SET", min(check, core.lease_ttl), *members])
+        first.append(Send(keys.deadlines, [hint.command(core.scripts)]))
+    yield from core.send_all(first, where)
+    script_keys = [keys.meta(rid), keys.lease(rid), keys.history(rid)]
+    script_keys += [k for k, _ in hashes[1:]]
+    status = yield from core.run(rid, "create_request", script_keys, args, RequestNotFound)
     if status[0] == b"EXISTS":
         raise RequestExistsError("a request with this id is held already", request_id=rid)
     core.remember(rid, Topology(tuple(partitions), tuple(connections)))
@@ -133,22 +159,50 @@ def request_exists(core: Core, request_id: str) -> Op[bool]:
 def delete_request(core: Core, request_id: str) -> Op[bool]:
     """Remove the request and all its keys; False if it was not held."""
     rid = validate_request_id(request_id)
-    core.forget(rid)
-    try:
-        topology: Topology | None = yield from core.load_topology(rid)
-    except RequestNotFound:
-        topology = None
-    partitions = list(topology.partitions) if topology else []
-    connections = list(topology.connections) if topology else []
+    return (yield from _delete(core, rid, None, guarded=False))
+
+
+def _delete(core: Core, rid: str, fence: Lease | None, *, guarded: bool) -> Op[bool]:
+    """Delete the request's keys in one script (checked against the topology this process
+    knows), then its index entries. The index goes last: a crash in between leaves an
+    index entry without a request (readers skip it, a second delete removes it).
+    ``guarded``: refuse while a live lease covers the request (unless ``fence`` is it)."""
     keys = core.keys
     where = {"request_id": rid}
-    request_keys = keys.request_keys(rid, partitions, connections)
-    yield from core.send(request_keys[0], [("UNLINK", *request_keys)], where)
+    topology = core.cached_topology(rid)
+    for _ in range(2):
+        if topology is None:
+            try:
+                topology = yield from core.load_topology(rid)
+            except RequestNotFound:
+                topology = Topology((), ())
+        partitions, connections = list(topology.partitions), list(topology.connections)
+        request_keys = keys.request_keys(rid, partitions, connections)
+        args: list[Any] = [len(partitions), *partitions, len(connections), *connections]
+        if fence is not None:
+            args += [fence.partition, fence.token]
+        else:
+            args += ["*" if guarded else "", ""]
+        status = yield from core.run(
+            rid, "delete_request", request_keys, args, RequestNotFound, fence
+        )
+        if status[0] != b"SHAPE":
+            break
+        core.forget(rid)  # recreated with another shape since this process read it
+        topology = None
+    else:
+        raise StoreError("the request's topology keeps changing under the delete", **where)
+    core.forget(rid)
+    cleanup: list[Send] = [
+        Send(keys.index, [("ZREM", keys.index, rid)]),
+        Send(keys.finished, [("ZREM", keys.finished, rid)]),
+    ]
     if partitions:
         members = [deadline_member(rid, p) for p in partitions]
-        yield from core.send(keys.deadlines, [("ZREM", keys.deadlines, *members)], where)
-    yield from core.send(keys.index, [("ZREM", keys.index, rid)], where)
-    return topology is not None
+        hint = ScriptCall("hint", [keys.deadlines], ["REM", 0, *members])
+        cleanup.append(Send(keys.deadlines, [hint.command(core.scripts)]))
+    yield from core.send_all(cleanup, where)
+    return bool(status[0] == b"OK")
 
 
 def finish_request(
@@ -156,42 +210,72 @@ def finish_request(
 ) -> Op[None]:
     """The request is done: delete it, or keep it ``keep_for`` seconds for inspection.
 
-    Either way it leaves the recovery index; a kept request expires by TTL on every key.
+    Either way it leaves the recovery index and every lease on it ends; a kept request
+    expires by TTL on every key, and ``reap`` drops its index entry once it has. Without
+    ``fence`` it is refused (``FencedError``) while a replica holds a live lease on it.
     """
     rid = validate_request_id(request_id)
-    topology = yield from core.topology(rid)
     if keep_for is None:
-        if fence is not None:
-            yield from release_lease(core, fence)
-        yield from delete_request(core, rid)
+        yield from _delete(core, rid, fence, guarded=True)
         return
-    yield from update_fields(
-        core, rid, core.keys.meta(rid), core.record_layout, {"finished_at": time.time()},
-        RequestNotFound, fence,
-    )  # fmt: skip
+    domains.check_float(keep_for, domains.DURATION, what="keep_for", request_id=rid)
+    topology = yield from core.topology(rid)
     keys = core.keys
     partitions = list(topology.partitions)
     request_keys = keys.request_keys(rid, partitions, list(topology.connections))
-    ttl = max(1, int(keep_for))
-    expire: list[Command] = [("EXPIRE", key, ttl) for key in request_keys]
-    where = {"request_id": rid}
-    yield from core.send(request_keys[0], expire, where)
+    finished = core.record_layout.encode_field(
+        "finished_at", time.time(), request_id=rid, key=keys.meta(rid)
+    )["finished_at"]
+    partition, token = (fence.partition, fence.token) if fence else ("*", "")
+    args = [VERSION, partition, token, keep_for, core.history_cap, finished]
     members = [deadline_member(rid, p) for p in partitions]
-    yield from core.send(keys.deadlines, [("ZREM", keys.deadlines, *members)], where)
+    alongside = [
+        ScriptCall("hint", [keys.deadlines], ["REM", 0, *members]),
+        ScriptCall("hint", [keys.finished], ["SET", keep_for, rid]),
+    ]
+    yield from core.run(
+        rid, "finish_request", request_keys, args, RequestNotFound, fence, alongside=alongside
+    )
 
 
 def reap(core: Core, *, max_age: float, limit: int = 1000) -> Op[list[str]]:
     """Delete requests created more than ``max_age`` seconds ago (abandoned, or kept
     finished ones whose keys expired) and drop their index entries; returns their ids.
     """
-    index = core.keys.index
+    domains.check_float(max_age, domains.DURATION, what="max_age")
+    domains.check_int(limit, domains.LIMIT, what="limit")
+    keys = core.keys
     cutoff = time.time() - max_age
-    (old,) = yield from core.send(
-        index, [("ZRANGEBYSCORE", index, "-inf", cutoff, "LIMIT", 0, limit)], {}
+    now = time.time()
+    (old, expired) = yield from core.send_all(
+        [
+            Send(keys.index, [("ZRANGEBYSCORE", keys.index, "-inf", cutoff, "LIMIT", 0, limit)]),
+            Send(keys.finished, [("ZRANGEBYSCORE", keys.finished, "-inf", now, "LIMIT", 0, limit)]),
+        ],
+        {},
     )
     reaped = []
-    for raw in old:
-        rid = raw.decode()
-        yield from delete_request(core, rid)
+    for raw in dict.fromkeys([*old[0], *expired[0]]):
+        try:
+            rid = validate_request_id(raw.decode())
+        except (UnicodeDecodeError, ValidationError):
+            log.warning("reap: dropping index entry %r, which is no request id", raw[:80])
+            yield from core.send_all(
+                [
+                    Send(keys.index, [("ZREM", keys.index, raw)]),
+                    Send(keys.finished, [("ZREM", keys.finished, raw)]),
+                ],
+                {},
+            )
+            continue
+        try:
+            yield from _delete(core, rid, None, guarded=False)
+        except StoreConnectionError:
+            raise
+        except StoreError as e:  # one damaged request does not stop the others
+            log.warning("reap: could not delete %s: %s", rid, e)
+            continue
         reaped.append(rid)
+    if reaped:
+        log.info("reaped %d requests", len(reaped))
     return reaped

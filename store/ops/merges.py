@@ -62,8 +62,11 @@ def merge_publish_info(
     server = core.published.server_merge(other, request_id=rid, key=pub)
     if server is not None:
         reads: list[Command] = [("HGETALL", pub)] if returning else []
-        merge_keys = [keys.partition(rid, name), pub, keys.ops(rid), keys.merging(rid, name)]
-        args = [VERSION, op, *window(core), *server.args]
+        merge_keys = [
+            keys.partition(rid, name), pub, keys.ops(rid), keys.merging(rid, name),
+            keys.history(rid),
+        ]  # fmt: skip
+        args = [VERSION, op, core.dedupe_window, core.history_cap, name, *server.args]
         for waited in range(core.retry.max_attempts):
             reply, *read = yield from core.run(
                 rid, "merge_parts", merge_keys, args, PartitionNotFound, reads=reads

@@ -1,25 +1,36 @@
-"""The forward pass: worker-graph rank reports, and the advance to the next pass."""
+"""The forward pass: worker-graph rank reports (with their published infos), and advances.
+
+A report and the infos its rank published go to the server in one script call: the
+report's identity (pass, worker graph, rank) guards both, so a resend applies neither
+twice. Only infos of a kind the server cannot merge (a user kind with its own ``update``)
+take the optimistic path first, guarded by an op id derived from the report's identity.
+"""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mstar.conductor.request_info import CurrentForwardConductorMetadata
+from mstar.engine.resources import PublishedInfo
+from store.codec import domains
 from store.errors import (
     ConnectionNotFound,
     PartitionNotFound,
     StalePassError,
+    StoreError,
+    TransactionConflictError,
     UnknownWorkerGraphError,
     ValidationError,
 )
 from store.keys import validate_name, validate_request_id
-from store.ops.args import check_int, check_replica_id
-from store.ops.core import VERSION, Core, window
-from store.ops.effects import Op
-from store.ops.leases import schedule
-from store.records import Lease, ReportOutcome
+from store.ops.args import check_replica_id
+from store.ops.batch import gather
+from store.ops.core import VERSION, Core, Topology
+from store.ops.effects import Op, Sleep
+from store.ops.leases import check_in_arg, step_hint
+from store.ops.merges import merge_publish_info
+from store.records import Lease, Report, ReportOutcome, Step
 
 MAX_WORKER_GRAPH_ID_LENGTH = 128
 
@@ -37,23 +48,32 @@ def record_worker_report(
     output_names: Sequence[str] = (),
     consumed: Mapping[str, int] | None = None,
     replica_id: str | None = None,
+    published: Mapping[str, PublishedInfo] | None = None,
+    then_step: Step | None = None,
+    check_in: float | None = None,
 ) -> Op[ReportOutcome]:
-    """Apply one worker-graph rank report, once, in one round trip.
+    """Apply one worker-graph rank report, and the infos it published, once, in one call.
 
     The rank counts towards ``wg_rank_completions``; the rank-0 report also carries the
     new output tokens (added to the partition and to every outgoing connection), the
     consumed counts of incoming connections (raised, never lowered) and output names.
-    A second delivery of the same (pass, worker graph, rank) changes nothing. The report
-    that completes the pass, if it names ``replica_id``, comes back with that replica's
-    lease on the next step (``ReportOutcome.lease``), granted in the same script.
+    ``published`` infos are merged as ``merge_publish_info`` would, in the same script for
+    the kinds the server merges. A second delivery of the same (pass, worker graph, rank)
+    changes nothing and says what the first did. The report that completes the pass, if it
+    names ``replica_id``, comes back with that replica's lease on the next step and the
+    partition as stored (``ReportOutcome.lease``, ``.partition``). With ``then_step``, that
+    step is taken in the same call (advance, lease ended, next look in ``check_in``
+    seconds; ``None``: never): a conductor that knows the next step ahead (a decode step
+    like the last) saves the step's round trip.
     """
     rid = validate_request_id(request_id)
     name = validate_name(partition_name, what="partition name", request_id=rid)
     key = core.keys.partition(rid, name)
-    check_int(fwd_pass, "fwd_pass", rid, minimum=0)
-    check_int(num_ranks, "num_ranks", rid, minimum=1)
-    check_int(rank, "rank", rid, minimum=0)
-    check_int(new_tokens, "new_tokens", rid, minimum=0)
+    where = {"request_id": rid, "key": key}
+    domains.check_int(fwd_pass, domains.PASS, what="fwd_pass", **where)
+    domains.check_int(num_ranks, domains.RANKS, what="num_ranks", **where)
+    domains.check_int(rank, domains.RANK, what="rank", **where)
+    domains.check_int(new_tokens, domains.TOKENS, what="new_tokens", **where)
     if rank >= num_ranks:
         raise ValidationError(
             f"rank {rank} is outside a worker graph of {num_ranks} ranks", request_id=rid
@@ -76,14 +96,24 @@ def record_worker_report(
     for output in output_names:
         if not isinstance(output, str):
             raise ValidationError("output names must be str", request_id=rid, key=key)
+    for conn_name, count in consumed.items():
+        domains.check_int(count, domains.TOKENS, what=f"consumed[{conn_name}]", **where)
     holder = check_replica_id(replica_id, rid)
-    for attempt in range(2):
-        # Only tokens and consumed counts touch connections; other reports skip them.
-        if new_tokens or consumed:
-            topology = yield from core.topology(rid)
-            outgoing, incoming = topology.outgoing(name), topology.incoming(name)
+    step_args = _step_args(core, rid, key, then_step, check_in, holder)
+    published = dict(published or {})
+    merge_args: list[Any] = []
+    if published:
+        merge = core.published.server_merge(
+            published, request_id=rid, key=core.keys.publish_info(rid, name)
+        )
+        if merge is None:  # a kind with its own update: the optimistic path, guarded
+            yield from _merge_first(core, rid, name, published, fwd_pass, worker_graph_id, rank)
         else:
-            outgoing = incoming = ()
+            merge_args = merge.args
+    for attempt in range(2):
+        needs_conns = bool(new_tokens or consumed or (then_step and then_step.done))
+        topology = (yield from core.topology(rid)) if needs_conns else _NO_CONNECTIONS
+        outgoing, incoming = topology.outgoing(name), topology.incoming(name)
         unknown = set(consumed) - set(incoming)
         if unknown and attempt == 0:
             core.forget(rid)
@@ -95,46 +125,156 @@ def record_worker_report(
                 request_id=rid,
                 key=key,
             )
-        for conn_name, count in consumed.items():
-            check_int(count, f"consumed[{conn_name}]", rid, minimum=0)
         fed = [c for c in incoming if c in consumed]
-        keys = [key, core.keys.lease(rid)]
-        keys += [core.keys.connection(rid, c) for c in outgoing]
-        keys += [core.keys.connection(rid, c) for c in fed]
-        now = time.time()
+        keys = core.keys
+        script_keys = [
+            key, keys.lease(rid), keys.publish_info(rid, name), keys.merging(rid, name),
+            keys.history(rid),
+            *(keys.connection(rid, c) for c in outgoing),
+            *(keys.connection(rid, c) for c in fed),
+        ]  # fmt: skip
+        n_labels = merge_args[0] if merge_args else 0
         args: list[Any] = [
             VERSION, fwd_pass, worker_graph_id, rank, num_ranks, new_tokens,
-            len(outgoing), len(fed), name, holder, now, core.lease_ttl,
-            *(consumed[c] for c in fed), *output_names,
+            len(outgoing), len(fed), name, holder, core.lease_ttl, core.history_cap,
+            len(output_names), n_labels, *step_args.fixed,
+            *(consumed[c] for c in fed), *output_names, *step_args.wgs, *merge_args[1:],
         ]  # fmt: skip
         try:
-            reply = yield from core.run(rid, "apply_report", keys, args, PartitionNotFound)
+            reply = yield from _run_report(core, rid, script_keys, args, step_args)
         except ConnectionNotFound:
             if attempt:
                 raise
             core.forget(rid)  # the cached topology was stale
             continue
-        if reply[0] == b"STALE":
-            raise StalePassError(fwd_pass, int(reply[1]), request_id=rid, key=key)
-        if reply[0] == b"NOWG":
-            raise UnknownWorkerGraphError(
-                f"worker graph {worker_graph_id!r} is not in the current forward pass",
-                request_id=rid,
-                key=key,
-                field="current_worker_graph_ids",
-            )
-        lease = None
-        if int(reply[4]):
-            lease = Lease(rid, name, holder, int(reply[4]), fwd_pass, now + core.lease_ttl)
-            yield from schedule(core, rid, name, lease.expires_at)
-        return ReportOutcome(
-            applied=reply[0] == b"OK",
-            rank_completions=int(reply[1]),
-            worker_graph_complete=bool(reply[2]),
-            pass_complete=bool(reply[3]),
-            lease=lease,
-        )
+        if reply[0] == b"KIND":  # a label holds another kind: the kind's own update decides
+            yield from _merge_first(core, rid, name, published, fwd_pass, worker_graph_id, rank)
+            merge_args = []
+            continue
+        return _outcome(core, rid, name, fwd_pass, worker_graph_id, holder, reply)
     raise AssertionError("unreachable")
+
+
+_NO_CONNECTIONS = Topology((), ())
+
+
+class _StepArgs:
+    """The script arguments of the step a report may take at once."""
+
+    def __init__(self, fixed: list[Any], wgs: list[str]) -> None:
+        self.fixed = fixed
+        self.wgs = wgs
+
+
+def _step_args(
+    core: Core, rid: str, key: str, step: Step | None, check_in: float | None, holder: str
+) -> _StepArgs:
+    if step is None:
+        return _StepArgs(["", "", "", "", 0], [])
+    if not holder:
+        raise ValidationError("then_step needs replica_id: the step is taken under its lease")
+    metadata, wgs = core.encode_step(rid, key, step.metadata, step.worker_graph_ids)
+    fixed = ["1", metadata, "1" if step.done else "0", check_in_arg(check_in, rid), len(wgs)]
+    return _StepArgs(fixed, wgs)
+
+
+def _run_report(
+    core: Core, rid: str, keys: list[str], args: list[Any], step: _StepArgs
+) -> Op[list[Any]]:
+    """The report script; BUSY (an optimistic merge holds the partition) waits and retries."""
+    stepping = step.fixed[0] == "1"
+    partition = args[8]
+    for waited in range(core.retry.max_attempts):
+        alongside = step_hint(core, rid, partition, step.fixed[3]) if stepping else ()
+        reply: list[Any] = yield from core.run(
+            rid, "report", keys, args, PartitionNotFound, alongside=alongside
+        )
+        if reply[0] != b"BUSY":
+            return reply
+        yield Sleep(core.retry.delay(waited + 1))  # an optimistic merge goes first
+    raise TransactionConflictError(core.retry.max_attempts, request_id=rid, key=keys[2])
+
+
+def _merge_first(
+    core: Core,
+    rid: str,
+    name: str,
+    published: Mapping[str, PublishedInfo],
+    fwd_pass: int,
+    wg: str,
+    rank: int,
+) -> Op[None]:
+    op_id = f"report:{rid}/{name}/{fwd_pass}/{wg}/{rank}"
+    yield from merge_publish_info(core, rid, name, published, op_id=op_id, returning=False)
+
+
+def _outcome(
+    core: Core, rid: str, name: str, fwd_pass: int, wg: str, holder: str, reply: list[Any]
+) -> ReportOutcome:
+    key = core.keys.partition(rid, name)
+    status = reply[0]
+    if status == b"STALE":
+        raise StalePassError(fwd_pass, int(reply[1]), request_id=rid, key=key)
+    if status == b"NOWG":
+        raise UnknownWorkerGraphError(
+            f"worker graph {wg!r} is not in the current forward pass",
+            request_id=rid,
+            key=key,
+            field="current_worker_graph_ids",
+        )
+    token = int(reply[4])
+    lease = partition = None
+    stepped = int(reply[6]) or None
+    if token:
+        lease = Lease(rid, name, holder, token, fwd_pass, float(reply[5]))
+        if stepped is None:
+            part, pub = (_pairs(flat) for flat in reply[7:9])
+            partition = core.decode_partition(rid, name, part, pub)
+    return ReportOutcome(
+        applied=status == b"OK",
+        rank_completions=int(reply[1]),
+        worker_graph_complete=bool(reply[2]),
+        pass_complete=bool(reply[3]),
+        lease=lease,
+        partition=partition,
+        stepped_to=stepped,
+    )
+
+
+def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def record_worker_reports(
+    core: Core, reports: Sequence[Report], *, replica_id: str | None = None
+) -> Op[list[ReportOutcome | StoreError]]:
+    """Apply many reports (of any requests) at once: one round trip per Redis server for
+    all of them, then each goes on as ``record_worker_report`` would on its own.
+
+    The result has one entry per report, in order: its outcome, or the ``StoreError`` it
+    met (one bad report does not fail the others).
+    """
+    return (
+        yield from gather(
+            [
+                record_worker_report(
+                    core,
+                    r.request_id,
+                    r.partition,
+                    fwd_pass=r.fwd_pass,
+                    worker_graph_id=r.worker_graph_id,
+                    rank=r.rank,
+                    num_ranks=r.num_ranks,
+                    new_tokens=r.new_tokens,
+                    output_names=r.output_names,
+                    consumed=r.consumed,
+                    replica_id=replica_id,
+                    published=r.published,
+                )
+                for r in reports
+            ]
+        )
+    )
 
 
 def advance_partition(
@@ -154,36 +294,31 @@ def advance_partition(
     Per-pass sets and counts reset, ``metadata`` replaces the old, ``fwd_pass_number`` and
     ``random_seed`` go up by one; ``done`` also sets ``is_done`` and ``producer_done`` on
     every outgoing connection. Raises ``StalePassError`` (changing nothing) when
-    ``from_pass`` is no longer current, and ``FencedError`` when ``fence`` was superseded.
+    ``from_pass`` is no longer current, and ``FencedError`` when ``fence`` was superseded
+    or, without a fence, while a replica holds a live lease on the partition. The runtime
+    takes steps with ``take_step``, which also ends the lease in the same call.
     """
     rid = validate_request_id(request_id)
     name = validate_name(partition_name, what="partition name", request_id=rid)
     key = core.keys.partition(rid, name)
-    check_int(from_pass, "from_pass", rid, minimum=0)
-    if not isinstance(metadata, CurrentForwardConductorMetadata):
-        raise ValidationError(
-            "metadata must be a CurrentForwardConductorMetadata",
-            request_id=rid,
-            key=key,
-            field="metadata",
-        )
-    layout = core.partition_layout
-    encoded = layout.encode_field("metadata", metadata, request_id=rid, key=key)
-    wgs = list(worker_graph_ids)
-    layout.encode_field("current_worker_graph_ids", set(wgs), request_id=rid, key=key)
-    topology = yield from core.topology(rid)
-    keys = [key, core.keys.ops(rid), core.keys.lease(rid)]
-    keys += [core.keys.connection(rid, c) for c in topology.outgoing(name)]
-    op = f"advance:{op_id or core.new_op_id()}"
+    domains.check_int(from_pass, domains.PASS, what="from_pass", request_id=rid, key=key)
+    encoded, wgs = core.encode_step(rid, key, metadata, worker_graph_ids)
     if fence is not None and fence.partition != name:
         raise ValidationError(
             f"a lease on partition {fence.partition!r} cannot fence {name!r}", request_id=rid
         )
+    topology = yield from core.topology(rid)
+    keys = core.keys
+    script_keys = [key, keys.ops(rid), keys.lease(rid), keys.history(rid)]
+    script_keys += [keys.connection(rid, c) for c in topology.outgoing(name)]
+    op = f"advance:{op_id or core.new_op_id()}"
     args = [
-        VERSION, from_pass, op, *window(core), encoded["metadata"],
-        "1" if done else "0", name, fence.token if fence else "", *wgs,
+        VERSION, from_pass, op, core.dedupe_window, encoded, "1" if done else "0", name,
+        fence.token if fence else "", core.history_cap, *wgs,
     ]  # fmt: skip
-    reply = yield from core.run(rid, "advance_partition", keys, args, PartitionNotFound, fence)
+    reply = yield from core.run(
+        rid, "advance_partition", script_keys, args, PartitionNotFound, fence
+    )
     if reply[0] == b"STALE":
         raise StalePassError(from_pass, int(reply[1]), request_id=rid, key=key)
     return int(reply[1]) if reply[0] == b"OK" else from_pass + 1

@@ -1,8 +1,16 @@
 -- Shared helpers, prepended to every script by store/scripts/__init__.py.
 -- Every script checks all it needs before its first write: Redis runs a script atomically but
 -- does not roll back one that fails half way, so a script either writes whole or not at all.
+-- Times are the server's clock (TIME), in seconds: every replica sees the same one.
 local unpack = unpack or table.unpack
 local VERSION_FIELD = '_v'
+local LUA_EXACT = 9007199254740992  -- 2**53: Lua numbers are doubles, exact below this
+
+-- The server's time in seconds (with microseconds).
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
 
 -- nil when every key exists as a record of schema version `version`; else the status that
 -- the script returns at once: {'NOKEY', key} or {'SCHEMA', key, found_version}.
@@ -15,27 +23,61 @@ local function check_records(keys, version)
   return nil
 end
 
+-- A key created by a late write (after finish_request kept the request with a TTL) expires
+-- with the record it belongs to.
+local function inherit_ttl(key, record)
+  local ttl = redis.call('PTTL', record)
+  if ttl > 0 and redis.call('PTTL', key) == -1 then redis.call('PEXPIRE', key, ttl) end
+end
+
 -- Was the operation `op_id` applied already? (ops: sorted set of op id -> time applied)
 local function op_seen(ops_key, op_id)
   return redis.call('ZSCORE', ops_key, op_id) ~= false
 end
 
--- Remember `op_id`, and forget ids older than the dedupe window so the set stays bounded.
-local function record_op(ops_key, op_id, now, window)
-  redis.call('ZADD', ops_key, now, op_id)
-  redis.call('ZREMRANGEBYSCORE', ops_key, '-inf', tonumber(now) - tonumber(window))
+-- Remember `op_id`; now and then forget ids older than the dedupe window (a trim on every
+-- call costs more than the set it keeps small). `record` is the key the set lives with.
+local function record_op(ops_key, op_id, t, window, record)
+  redis.call('ZADD', ops_key, t, op_id)
+  local held = redis.call('ZCARD', ops_key)
+  if held == 1 then
+    inherit_ttl(ops_key, record)
+  elseif held % 64 == 0 then
+    redis.call('ZREMRANGEBYSCORE', ops_key, '-inf', t - tonumber(window))
+  end
+end
+
+-- Append one entry to the request's capped history stream (cap "0": history is off).
+-- `fields` is a flat list of field, value pairs; empty values are left out.
+-- The stream is trimmed to about `cap` entries on one append in 32 (by the entry's
+-- milliseconds), which costs far less than trimming on every append.
+local function history(key, cap, record, fields)
+  if cap == '0' or key == '' then return end
+  local entry = {}
+  for i = 1, #fields, 2 do
+    local v = fields[i + 1]
+    if v ~= nil and v ~= '' then
+      entry[#entry + 1] = fields[i]
+      entry[#entry + 1] = tostring(v)
+    end
+  end
+  local id = redis.call('XADD', key, '*', unpack(entry))
+  if tonumber(string.sub(id, 1, string.find(id, '-', 1, true) - 1)) % 32 == 0 then
+    redis.call('XTRIM', key, 'MAXLEN', '~', cap)
+  end
+  inherit_ttl(key, record)
 end
 
 -- Delete the fields "<name>" and "<name>[...]" of each attribute in `names` from a hash.
 local function clear_attributes(key, names)
   if #names == 0 then return end
+  local wanted = {}
+  for _, name in ipairs(names) do wanted[name] = true end
   local doomed = {}
   for _, field in ipairs(redis.call('HKEYS', key)) do
-    for _, name in ipairs(names) do
-      if field == name or string.sub(field, 1, #name + 1) == name .. '[' then
-        doomed[#doomed + 1] = field
-        break
-      end
+    local bracket = string.find(field, '[', 1, true)
+    if wanted[bracket and string.sub(field, 1, bracket - 1) or field] then
+      doomed[#doomed + 1] = field
     end
   end
   for i = 1, #doomed, 1000 do
@@ -50,23 +92,210 @@ local function hset_pairs(key, first, last)
   end
 end
 
--- Leases (hash "<ns>:{rid}:lease"): "token" is the request's fencing token and only rises;
--- per partition p, "token[p]" is the token of p's latest lease, and while a replica holds
--- it "holder[p]", "expires[p]" (seconds) and "pass[p]" (the pass the step is about).
-
--- Grant partition p's lease to `holder`, raising the request's fencing token.
-local function grant_lease(lease_key, p, holder, now, ttl, pass)
-  local token = redis.call('HINCRBY', lease_key, 'token', 1)
-  redis.call('HSET', lease_key, 'holder[' .. p .. ']', holder, 'token[' .. p .. ']', token,
-             'expires[' .. p .. ']', tonumber(now) + tonumber(ttl), 'pass[' .. p .. ']', pass)
-  return token
+-- Worker graph ids (any text) kept in one field as "<length>:<id>" after one another.
+local function split_ids(s)
+  local out, i = {}, 1
+  while i <= #s do
+    local colon = string.find(s, ':', i, true)
+    local n = tonumber(string.sub(s, i, colon - 1))
+    out[#out + 1] = string.sub(s, colon + 1, colon + n)
+    i = colon + n + 1
+  end
+  return out
 end
 
--- nil when `token` is empty (no fence asked for) or is partition p's current lease token;
--- else {'FENCED', current_token}: a newer lease was granted, the caller's is void.
-local function check_fence(lease_key, p, token)
-  if token == '' then return nil end
-  local current = redis.call('HGET', lease_key, 'token[' .. p .. ']')
-  if current ~= token then return {'FENCED', current or '0'} end
+local function join_ids(ids)
+  local parts = {}
+  for _, id in ipairs(ids) do parts[#parts + 1] = #id .. ':' .. id end
+  return table.concat(parts)
+end
+
+-- A partition's per-pass bookkeeping, kept in its hash next to the attributes:
+-- "_pending" (worker graphs of the pass not complete yet: the report that brings it to 0
+-- completes the pass), "_wgs" (every worker graph with per-pass fields, so the advance
+-- knows which fields to delete without reading them all), "_reports[<wg>]" (",0,1,": the
+-- ranks that reported) and "_completer" ("<rank>:<wg>" of the report that completed it).
+-- Recount them from the attribute fields (after a write that replaced those attributes,
+-- or for a partition written before the store kept them).
+local function count_pending(part)
+  local current, completed = {}, {}
+  local cur, done = 'current_worker_graph_ids[', 'completed_worker_graph_ids['
+  for _, field in ipairs(redis.call('HKEYS', part)) do
+    if string.sub(field, 1, #cur) == cur then
+      current[string.sub(field, #cur + 1, -2)] = true
+    elseif string.sub(field, 1, #done) == done then
+      completed[string.sub(field, #done + 1, -2)] = true
+    end
+  end
+  local n = 0
+  for id in pairs(current) do
+    if not completed[id] then n = n + 1 end
+  end
+  return n
+end
+
+local function recount(part)
+  local ids, seen = {}, {}
+  local prefixes = {'current_worker_graph_ids[', 'completed_worker_graph_ids[',
+                    'wg_rank_completions['}
+  for _, field in ipairs(redis.call('HKEYS', part)) do
+    for _, prefix in ipairs(prefixes) do
+      if string.sub(field, 1, #prefix) == prefix then
+        local id = string.sub(field, #prefix + 1, -2)
+        if not seen[id] then
+          seen[id] = true
+          ids[#ids + 1] = id
+        end
+        break
+      end
+    end
+  end
+  redis.call('HSET', part, '_pending', count_pending(part), '_wgs', join_ids(ids))
+end
+
+-- Leases (hash "<ns>:{rid}:lease"): "token" is the request's fencing token and only rises;
+-- per partition p, "token[p]" is the token of p's latest lease, and while a replica holds
+-- it "holder[p]", "expires[p]" (server seconds) and "pass[p]" (the pass the step is about).
+-- "check[p]" is when recovery should look at p if nothing moves it on (server seconds);
+-- "stepped[p]" the pass the latest lease's step advanced from (a resent step is
+-- recognised); "sends[p]" how often p's current pass was sent, "sent[p]" when last.
+
+-- Grant partition p's lease to `holder`, raising the request's fencing token.
+local function grant_lease(lease_key, p, holder, t, ttl, pass)
+  local token = redis.call('HINCRBY', lease_key, 'token', 1)
+  local expires = t + tonumber(ttl)
+  redis.call('HSET', lease_key, 'holder[' .. p .. ']', holder, 'token[' .. p .. ']', token,
+             'expires[' .. p .. ']', expires, 'pass[' .. p .. ']', pass,
+             'check[' .. p .. ']', expires)
+  return token, expires
+end
+
+-- The live lease on partition p: holder, token, expiry; nil when none is live at time t.
+local function live_lease(lease_key, p, t)
+  local fields = redis.call('HMGET', lease_key, 'holder[' .. p .. ']', 'token[' .. p .. ']',
+                            'expires[' .. p .. ']')
+  if fields[1] and fields[3] and tonumber(fields[3]) > t then
+    return fields[1], fields[2], tonumber(fields[3])
+  end
   return nil
+end
+
+-- nil when a write to partition p may go ahead; else {'FENCED', current_token}.
+-- With a token (a fenced write): it must be p's current lease token. Without (an unfenced
+-- write): no other replica may hold a live lease on p, since that replica drives p now.
+-- p = '*' (a request-level write) checks every partition's lease.
+local function check_fence(lease_key, p, token, t)
+  if token ~= '' then
+    local current = redis.call('HGET', lease_key, 'token[' .. p .. ']')
+    if current ~= token then return {'FENCED', current or '0'} end
+    return nil
+  end
+  if p == '*' then
+    local flat = redis.call('HGETALL', lease_key)
+    for i = 1, #flat, 2 do
+      local name = flat[i]
+      if string.sub(name, 1, 8) == 'expires[' and tonumber(flat[i + 1]) > t then
+        local q = string.sub(name, 9, -2)
+        return {'FENCED', redis.call('HGET', lease_key, 'token[' .. q .. ']') or '0', q}
+      end
+    end
+    return nil
+  end
+  local holder, current = live_lease(lease_key, p, t)
+  if holder then return {'FENCED', current, p} end
+  return nil
+end
+
+-- End p's lease (its step was sent) and set when recovery looks at p next: `check_in`
+-- seconds from t, or never ('' : p is done).
+local function end_lease(lease_key, p, t, check_in)
+  redis.call('HDEL', lease_key, 'holder[' .. p .. ']', 'expires[' .. p .. ']', 'pass[' .. p .. ']')
+  if check_in == '' then
+    redis.call('HDEL', lease_key, 'check[' .. p .. ']')
+  else
+    redis.call('HSET', lease_key, 'check[' .. p .. ']', t + tonumber(check_in))
+  end
+end
+
+-- Move partition `part` (name p) from pass `from_pass` to the next one: per-pass sets and
+-- counts reset, `metadata` replaces the old, the pass number and the seed go up by one;
+-- `done` also sets is_done and producer_done on every outgoing connection (KEYS first_out
+-- onwards). `wgs` are the next pass's worker graphs. Returns the new pass number. The
+-- caller has checked everything: this only writes.
+local function advance(part, from_pass, metadata, done, wgs, first_out, last_out)
+  local held = redis.call('HMGET', part, '_wgs', 'curr_forward_outputs')
+  if held[1] then
+    local doomed = {'_completer', 'curr_forward_outputs'}
+    for _, id in ipairs(split_ids(held[1])) do
+      doomed[#doomed + 1] = 'current_worker_graph_ids[' .. id .. ']'
+      doomed[#doomed + 1] = 'completed_worker_graph_ids[' .. id .. ']'
+      doomed[#doomed + 1] = 'wg_rank_completions[' .. id .. ']'
+      doomed[#doomed + 1] = '_reports[' .. id .. ']'
+    end
+    for i = 0, tonumber(held[2] or '0') - 1 do
+      doomed[#doomed + 1] = 'curr_forward_outputs[' .. i .. ']'
+    end
+    for i = 1, #doomed, 1000 do
+      redis.call('HDEL', part, unpack(doomed, i, math.min(i + 999, #doomed)))
+    end
+  else  -- written before the store kept "_wgs": find the per-pass fields by name
+    clear_attributes(part, {'completed_worker_graph_ids', 'current_worker_graph_ids',
+                            'wg_rank_completions', 'curr_forward_outputs', '_reports',
+                            '_completer'})
+  end
+  local fields = {'metadata', metadata, '_pending', #wgs, '_wgs', join_ids(wgs)}
+  for _, id in ipairs(wgs) do
+    fields[#fields + 1] = 'current_worker_graph_ids[' .. id .. ']'
+    fields[#fields + 1] = '1'
+  end
+  redis.call('HSET', part, unpack(fields))
+  local new_pass = redis.call('HINCRBY', part, 'fwd_pass_number', 1)
+  redis.call('HINCRBY', part, 'random_seed', 1)
+  if done == '1' then
+    redis.call('HSET', part, 'is_done', '1')
+    for i = first_out, last_out do redis.call('HSET', KEYS[i], 'producer_done', '1') end
+  end
+  return new_pass
+end
+
+-- Merges the server applies itself (see store/codec/published.py): ARGV[first..] holds
+-- `n_labels` entries of label, header, m, and m (op, part, value) triples, op "S" setting
+-- the part (the newer value wins) and "M" raising it to the value (max). Returns the list
+-- of merges to apply, or the status to return at once: {'BUSY'} while an optimistic merge
+-- holds the partition's claim, {'KIND', label} when a label holds another kind.
+local function check_merges(pub, claim, first, n_labels)
+  if redis.call('EXISTS', claim) == 1 then return nil, {'BUSY'} end
+  local merges, pos = {}, first
+  for _ = 1, n_labels do
+    local label, header, m = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2])
+    local held = redis.call('HGET', pub, label)
+    if held and held ~= header then return nil, {'KIND', label} end
+    merges[#merges + 1] = {label, header, pos + 3, m}
+    pos = pos + 3 + 3 * m
+  end
+  return merges, nil
+end
+
+local function apply_merges(pub, merges)
+  for _, entry in ipairs(merges) do
+    local label, first, m = entry[1], entry[3], entry[4]
+    local sets = {label, entry[2]}
+    for j = first, first + 3 * (m - 1), 3 do
+      local field = label .. '[' .. ARGV[j + 1] .. ']'
+      local value = ARGV[j + 2]
+      if ARGV[j] == 'S' then
+        sets[#sets + 1] = field
+        sets[#sets + 1] = value
+      else
+        local held = redis.call('HGET', pub, field)
+        if not held or tonumber(value) > tonumber(held) then
+          sets[#sets + 1] = field
+          sets[#sets + 1] = value
+        end
+      end
+    end
+    for i = 1, #sets, 1000 do
+      redis.call('HSET', pub, unpack(sets, i, math.min(i + 999, #sets)))
+    end
+  end
 end

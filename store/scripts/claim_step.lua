@@ -1,16 +1,34 @@
--- Take over partition p's next step when no live lease covers it (its driver died).
--- KEYS[1] the request's lease hash   KEYS[2] the partition hash
+-- Take over partition p's next step when no live lease covers it and its check time has
+-- come (its driver died, or handed it over). A claim resent by the replica that holds the
+-- lease (its reply was lost) gets that lease back.
+-- KEYS[1] the request's lease hash   KEYS[2] the partition hash   KEYS[3] history stream
 -- ARGV[1] schema version   ARGV[2] partition name   ARGV[3] claiming replica
--- ARGV[4] now (seconds)    ARGV[5] lease time to live (seconds)
--- Returns {'OK', token, current_pass, is_done}, {'HELD', holder, expires_at} while another
--- lease is live, or NOKEY/SCHEMA.
+-- ARGV[4] lease time to live (seconds)   ARGV[5] history cap
+-- Returns {'OK', token, current_pass, is_done, expires, sends, sent}, {'HELD', holder,
+-- expires, now} while another replica's lease is live, {'NOTDUE', check_time, now} before
+-- the check time, or NOKEY/SCHEMA.
 local bad = check_records({KEYS[2]}, ARGV[1])
 if bad then return bad end
-local p = ARGV[2]
-local expires = redis.call('HGET', KEYS[1], 'expires[' .. p .. ']')
-if expires and tonumber(expires) > tonumber(ARGV[4]) then
-  return {'HELD', redis.call('HGET', KEYS[1], 'holder[' .. p .. ']'), expires}
+local lease, p = KEYS[1], ARGV[2]
+local t = now()
+local function bookkeeping()
+  return redis.call('HGET', lease, 'sends[' .. p .. ']') or '0',
+         redis.call('HGET', lease, 'sent[' .. p .. ']') or '0'
 end
+local holder, token, expires = live_lease(lease, p, t)
+if holder then
+  if holder ~= ARGV[3] then return {'HELD', holder, tostring(expires), tostring(t)} end
+  local sends, sent = bookkeeping()
+  return {'OK', tonumber(token), redis.call('HGET', lease, 'pass[' .. p .. ']'),
+          redis.call('HGET', KEYS[2], 'is_done'), tostring(expires), sends, sent}
+end
+local check = redis.call('HGET', lease, 'check[' .. p .. ']')
+if check and tonumber(check) > t then return {'NOTDUE', check, tostring(t)} end
 local current = redis.call('HGET', KEYS[2], 'fwd_pass_number')
-local token = grant_lease(KEYS[1], p, ARGV[3], ARGV[4], ARGV[5], current)
-return {'OK', token, current, redis.call('HGET', KEYS[2], 'is_done')}
+local granted
+token, granted = grant_lease(lease, p, ARGV[3], t, ARGV[4], current)
+history(KEYS[3], ARGV[5], KEYS[2], {'op', 'claim', 'partition', p, 'pass', current,
+  'replica', ARGV[3], 'outcome', 'applied', 'token', token})
+local sends, sent = bookkeeping()
+return {'OK', token, current, redis.call('HGET', KEYS[2], 'is_done'), tostring(granted),
+        sends, sent}

@@ -1,9 +1,12 @@
--- Extend a lease its holder still has.
+-- Extend a lease its holder still has, by `ttl` seconds from now (server clock).
 -- KEYS[1] the request's lease hash
--- ARGV[1] partition name   ARGV[2] the lease's fencing token   ARGV[3] new expiry (seconds)
--- Returns {'OK'} or {'FENCED', token}.
-local fenced = check_fence(KEYS[1], ARGV[1], ARGV[2])
+-- ARGV[1] partition name   ARGV[2] the lease's fencing token   ARGV[3] time to live (s)
+-- Returns {'OK', expires} or {'FENCED', token}.
+local lease, p = KEYS[1], ARGV[1]
+local t = now()
+local fenced = check_fence(lease, p, ARGV[2], t)
 if fenced then return fenced end
-if not redis.call('HGET', KEYS[1], 'holder[' .. ARGV[1] .. ']') then return {'FENCED', ARGV[2]} end
-redis.call('HSET', KEYS[1], 'expires[' .. ARGV[1] .. ']', ARGV[3])
-return {'OK'}
+if not redis.call('HGET', lease, 'holder[' .. p .. ']') then return {'FENCED', ARGV[2]} end
+local expires = t + tonumber(ARGV[3])
+redis.call('HSET', lease, 'expires[' .. p .. ']', expires, 'check[' .. p .. ']', expires)
+return {'OK', tostring(expires)}

@@ -208,23 +208,23 @@ class Replica:
                 part = self.store.load_partition(rid, partition)
             for consumer in model.consumers(spec, partition):
                 self._nudge(spec, consumer)
-            check_at: float | None = None
+            check_in: float | None = None
             if part.is_done:
                 self._finish_if_done(spec, lease)
             else:
                 self._send_if_ready(spec, partition, part.fwd_pass_number)
-                check_at = time.time() + self.timing.pass_deadline
+                check_in = self.timing.pass_deadline
             with self.stats.timed("release"):
-                self.store.release_lease(lease, check_at=check_at)
+                self.store.release_lease(lease, check_in=check_in)
         except FencedError:
             self.stats.count("fenced")  # another replica claimed the step: it drives now
         except NotFoundError:
             self.stats.count("gone")
 
-    def recover(self, *, now: float | None = None) -> int:
+    def recover(self) -> int:
         """Claim and redo the steps whose driver is gone or whose pass is overdue."""
         claimed = 0
-        for rid, partition in self.store.due_steps(now=now, limit=50):
+        for rid, partition in self.store.due_steps(limit=50):
             try:
                 with self.stats.timed("claim"):
                     lease = self.store.claim_step(rid, partition, self.id)
@@ -272,9 +272,9 @@ def ingest(store: RequestStore, keys: SimKeys, spec: RequestSpec, pass_deadline:
     reports die with a replica is sent again.
     """
     rid = spec.request_id
-    store.create_request(rid, **model.initial_request(spec), op_id=f"create:{rid}")
-    for partition in spec.partitions:
-        store.schedule_check(rid, partition, time.time() + pass_deadline)
+    store.create_request(
+        rid, **model.initial_request(spec), op_id=f"create:{rid}", check_in=pass_deadline
+    )
     # The codec's first pass waits for streamed tokens: the LLM's driver sends it.
     store.client.rpush(keys.dispatch, encode_dispatch(rid, spec.producer, 0))
 

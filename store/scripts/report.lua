@@ -1,0 +1,168 @@
+-- Apply one worker-graph rank report to a partition, once, with its published infos; and
+-- when it completes the pass, grant its replica the lease on the next step, and optionally
+-- take that step at once.
+-- KEYS[1] the partition hash          KEYS[2] the request's lease hash
+-- KEYS[3] the partition's publish-info hash
+-- KEYS[4] the partition's merging claim (while an optimistic merge holds it, a report that
+--         carries infos steps aside: BUSY, nothing written)
+-- KEYS[5] the request's history stream
+-- KEYS[6..5+n_out]        outgoing connection hashes (token_count += new tokens)
+-- KEYS[6+n_out..]         incoming connection hashes (consumed_count raised)
+-- ARGV[1] schema version  ARGV[2] forward pass of the report  ARGV[3] worker graph id
+-- ARGV[4] rank            ARGV[5] ranks in the worker graph   ARGV[6] new output tokens
+-- ARGV[7] n_out           ARGV[8] n_in        ARGV[9] partition name
+-- ARGV[10] replica applying it ('' for none)  ARGV[11] lease time to live (seconds)
+-- ARGV[12] history cap ('0': off)             ARGV[13] n_names (output names)
+-- ARGV[14] n_labels (published infos merged with the report)
+-- ARGV[15] '1' to take the next step in this script when the report completes the pass,
+-- then ARGV[16] the next pass's encoded metadata, ARGV[17] '1' when it finishes the
+-- partition, ARGV[18] seconds until recovery should look ('' for never), ARGV[19] n_wgs
+-- ARGV[20..]: n_in consumed counts (KEYS order), n_names output names, n_wgs worker graph
+-- ids of the next pass, then n_labels merges: label, header, m, and m (op, part, value)
+-- triples (op "S" sets the part, "M" raises it to the value; see store/codec/published.py).
+-- A report is identified by (partition, pass, worker graph, rank): a second delivery
+-- changes nothing, and says what the first one did (whether it completed the pass, and the
+-- lease if this replica still holds it live). Exactly one report per pass completes it.
+-- Returns {'OK'|'DUP', rank_completions, wg_complete, pass_complete, lease_token,
+-- lease_expiry, stepped_to_pass, partition fields, publish-info fields} (the last two when
+-- a lease is returned and no step was taken), or an error status: NOKEY/SCHEMA (see _lib),
+-- {'STALE', current_pass}, {'NOWG'}, {'BUSY'}, {'KIND', label}, {'RANGE', field}.
+local part, lease, pub = KEYS[1], KEYS[2], KEYS[3]
+local p, replica, cap = ARGV[9], ARGV[10], ARGV[12]
+local n_out, n_in = tonumber(ARGV[7]), tonumber(ARGV[8])
+local n_names, n_labels, n_wgs = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[19])
+local first_name = 20 + n_in
+local first_wg = first_name + n_names
+local first_label = first_wg + n_wgs
+local last_out = 5 + n_out
+
+local wg, rank = ARGV[3], ARGV[4]
+local marks_field = '_reports[' .. wg .. ']'
+local old_mark = '_reports[' .. rank .. ':' .. wg .. ']'  -- how stores before v5.1 marked it
+local count_field = 'wg_rank_completions[' .. wg .. ']'
+-- One read of every partition field the checks need: version, pass, the worker graph's
+-- membership, the ranks that reported, and the counters the report moves.
+local held = redis.call('HMGET', part, VERSION_FIELD, 'fwd_pass_number',
+                        'current_worker_graph_ids[' .. wg .. ']', marks_field, count_field,
+                        'num_output_tokens', 'curr_forward_outputs', '_pending', '_completer',
+                        old_mark)
+if not held[1] then return {'NOKEY', part} end
+if held[1] ~= ARGV[1] then return {'SCHEMA', part, held[1]} end
+if #KEYS > 5 then
+  local conns = {}
+  for i = 6, #KEYS do conns[#conns + 1] = KEYS[i] end
+  local bad = check_records(conns, ARGV[1])
+  if bad then return bad end
+end
+if held[2] ~= ARGV[2] then return {'STALE', held[2]} end
+if not held[3] then return {'NOWG'} end
+
+local t = now()
+local count = tonumber(held[5] or '0')
+local marks = held[4] or ','
+if held[10] or string.find(marks, ',' .. rank .. ',', 1, true) then
+  -- A resent report: say what the first delivery did.
+  local completed = held[9] == rank .. ':' .. wg or held[10] == 'C'
+  local token, expires = 0, 0
+  if completed and replica ~= '' then
+    local holder, held_token, held_expires = live_lease(lease, p, t)
+    if holder == replica and redis.call('HGET', lease, 'pass[' .. p .. ']') == ARGV[2] then
+      token, expires = tonumber(held_token), held_expires
+    end
+  end
+  history(KEYS[5], cap, part, {'op', 'report', 'partition', p, 'pass', ARGV[2],
+    'rank', ARGV[4], 'wg', wg, 'replica', replica, 'outcome', 'duplicate'})
+  if token ~= 0 then
+    return {'DUP', count, 1, 1, token, tostring(expires), 0,
+            redis.call('HGETALL', part), redis.call('HGETALL', pub)}
+  end
+  return {'DUP', count, completed and 1 or 0, completed and 1 or 0, 0, '0', 0}
+end
+
+-- Everything is checked before the first write.
+local tokens = tonumber(ARGV[6])
+if tokens ~= 0 then
+  if tonumber(held[6] or '0') + tokens >= LUA_EXACT then return {'RANGE', 'num_output_tokens'} end
+  for i = 6, last_out do
+    if tonumber(redis.call('HGET', KEYS[i], 'token_count') or '0') + tokens >= LUA_EXACT then
+      return {'RANGE', 'token_count'}
+    end
+  end
+end
+local merges = {}
+if n_labels > 0 then
+  local refused
+  merges, refused = check_merges(pub, KEYS[4], first_label, n_labels)
+  if refused then return refused end
+end
+
+apply_merges(pub, merges)
+count = count + 1
+local wg_complete = count == tonumber(ARGV[5]) and 1 or 0
+local pass_complete = 0
+local sets = {marks_field, marks .. rank .. ',', count_field, count}
+if wg_complete == 1 then
+  sets[#sets + 1] = 'completed_worker_graph_ids[' .. wg .. ']'
+  sets[#sets + 1] = '1'
+  local pending = held[8]
+  if pending then
+    pending = tonumber(pending) - 1
+  else  -- a partition written before the store kept the count
+    redis.call('HSET', part, 'completed_worker_graph_ids[' .. wg .. ']', '1')
+    pending = count_pending(part)
+  end
+  sets[#sets + 1] = '_pending'
+  sets[#sets + 1] = pending
+  if pending <= 0 then
+    pass_complete = 1
+    sets[#sets + 1] = '_completer'
+    sets[#sets + 1] = rank .. ':' .. wg
+  end
+end
+if tokens ~= 0 then
+  sets[#sets + 1] = 'num_output_tokens'
+  sets[#sets + 1] = tonumber(held[6] or '0') + tokens
+end
+if n_names > 0 then
+  local length = tonumber(held[7] or '0')
+  for i = first_name, first_wg - 1 do
+    sets[#sets + 1] = 'curr_forward_outputs[' .. length .. ']'
+    sets[#sets + 1] = ARGV[i]
+    length = length + 1
+  end
+  sets[#sets + 1] = 'curr_forward_outputs'
+  sets[#sets + 1] = length
+end
+redis.call('HSET', part, unpack(sets))
+if tokens ~= 0 then
+  for i = 6, last_out do redis.call('HINCRBY', KEYS[i], 'token_count', tokens) end
+end
+for i = 1, n_in do
+  local conn, consumed = KEYS[last_out + i], tonumber(ARGV[19 + i])
+  if consumed > tonumber(redis.call('HGET', conn, 'consumed_count') or '0') then
+    redis.call('HSET', conn, 'consumed_count', consumed)
+  end
+end
+history(KEYS[5], cap, part, {'op', 'report', 'partition', p, 'pass', ARGV[2], 'rank', ARGV[4],
+  'wg', wg, 'replica', replica, 'outcome', 'applied',
+  'detail', (n_labels > 0 and 'with published info' or '') ..
+            (pass_complete == 1 and ' completed the pass' or '')})
+if pass_complete == 0 or replica == '' then
+  return {'OK', count, wg_complete, pass_complete, 0, '0', 0}
+end
+
+local token, expires = grant_lease(lease, p, replica, t, ARGV[11], ARGV[2])
+if ARGV[15] ~= '1' then
+  return {'OK', count, wg_complete, 1, token, tostring(expires), 0,
+          redis.call('HGETALL', part), redis.call('HGETALL', pub)}
+end
+-- The step taken at once: the caller knew it before the pass completed.
+local wgs = {}
+for i = first_wg, first_label - 1 do wgs[#wgs + 1] = ARGV[i] end
+local new_pass = advance(part, ARGV[2], ARGV[16], ARGV[17], wgs, 6, last_out)
+redis.call('HSET', lease, 'stepped[' .. p .. ']', ARGV[2] .. ':' .. token, 'sends[' .. p .. ']', 1,
+           'sent[' .. p .. ']', t)
+end_lease(lease, p, t, ARGV[18])
+history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', new_pass,
+  'replica', replica, 'outcome', 'applied', 'token', token})
+return {'OK', count, wg_complete, 1, token, tostring(expires), new_pass}
