@@ -28,6 +28,15 @@ class Facade:
     _executor: Any
 
 
+def _request_id(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The request an operation is about, for its span: its first argument (an id or a
+    lease), or ``request_id=``."""
+    first = args[0] if args else kwargs.get("request_id") or kwargs.get("lease")
+    if isinstance(first, str):
+        return first
+    return getattr(first, "request_id", None)
+
+
 def _present(function: Callable[..., Any], op: Callable[..., Any]) -> None:
     """Give ``function`` the operation's name and docs, and its signature with ``self``
     (the store) in place of ``core``."""
@@ -47,9 +56,13 @@ class sync_method(Generic[P, T]):
     """A sync store's method running operation ``op``; binds like any method."""
 
     def __init__(self, op: Callable[Concatenate[Core, P], Op[T]]) -> None:
+        name = op.__name__
+
         def function(store: Facade, /, *args: P.args, **kwargs: P.kwargs) -> T:
             run: Callable[[Op[T]], T] = store._executor.run
-            return run(op(store._core, *args, **kwargs))
+            core = store._core
+            with core.instruments.operation(name, _request_id(args, kwargs)):
+                return run(op(core, *args, **kwargs))
 
         _present(function, op)
         self.function = function
@@ -75,9 +88,13 @@ class async_method(Generic[P, T]):
     """An async store's method running operation ``op``; binds like any method."""
 
     def __init__(self, op: Callable[Concatenate[Core, P], Op[T]]) -> None:
+        name = op.__name__
+
         async def function(store: Facade, /, *args: P.args, **kwargs: P.kwargs) -> T:
             run: Callable[[Op[T]], Coroutine[Any, Any, T]] = store._executor.run
-            return await run(op(store._core, *args, **kwargs))
+            core = store._core
+            with core.instruments.operation(name, _request_id(args, kwargs)):
+                return await run(op(core, *args, **kwargs))
 
         _present(function, op)
         self.function = function

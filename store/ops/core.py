@@ -8,6 +8,7 @@ topology) are operations themselves: generators of effects, like every public op
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import time
 import uuid
@@ -40,6 +41,7 @@ from store.errors import (
     ValidationError,
 )
 from store.keys import KeySpace
+from store.observe import Instruments
 from store.ops.calls import (
     DEFAULT_RECONNECT,
     Reconnect,
@@ -72,8 +74,10 @@ SCRIPT_NAMES = (
     "merge_parts",
     "hint",
     "due_steps",
+    "replicas",
 )
 VERSION = str(SCHEMA_VERSION).encode()
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,7 @@ class Settings:
     topology_cache_size: int = 4096
     reconnect: Reconnect = DEFAULT_RECONNECT
     history_cap: int = 1000  # entries kept per request's history stream; 0 turns it off
+    instruments: Instruments | None = None  # default: OpenTelemetry's global providers
 
     def __post_init__(self) -> None:
         if self.dedupe_window <= 0 or self.lease_ttl <= 0:
@@ -155,6 +160,7 @@ class Core:
         self.dedupe_window = settings.dedupe_window
         self.reconnect = settings.reconnect
         self.history_cap = str(settings.history_cap)
+        self.instruments = settings.instruments or Instruments(settings.namespace)
         self.stats = StoreStats()
         self.partition_layout = RecordLayout(
             PartitionState, self.codec, exclude=("resource_publish_info",)
@@ -234,6 +240,8 @@ class Core:
             kind = ConnectionNotFound if ":conn:" in key else missing
             yield from self.raise_not_found(rid, kind, "no such record", key=key)
         if status == b"FENCED":
+            self.instruments.count("fenced")
+            log.info("%s refused for request %s: fenced (current token %s)", name, rid, reply[1])
             if fence is None:  # an unfenced write while a replica drives the partition
                 partition = reply[2].decode() if len(reply) > 2 else None
                 raise FencedError(

@@ -16,6 +16,7 @@ looked at once its lease lapses.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,8 @@ from store.ops.calls import ScriptCall, hash_reply
 from store.ops.core import VERSION, Core, deadline_member
 from store.ops.effects import Op
 from store.records import Lease, Step
+
+log = logging.getLogger(__name__)
 
 
 def claim_step(
@@ -58,7 +61,10 @@ def claim_step(
         yield from unschedule(core, rid, [name])
         raise
     status = reply[0]
-    if status == b"OK":
+    if status in (b"OK", b"MINE"):
+        if status == b"OK":
+            core.instruments.count("takeovers")
+            log.info("replica %s took over %s/%s at pass %s", holder, rid, name, int(reply[2]))
         lease = Lease(
             rid, name, holder, int(reply[1]), int(reply[2]), float(reply[4]),
             sends=int(reply[5]), sent_at=float(reply[6]),

@@ -217,6 +217,7 @@ def finish_request(
     rid = validate_request_id(request_id)
     if keep_for is None:
         yield from _delete(core, rid, fence, guarded=True)
+        core.instruments.count("finished")
         return
     domains.check_float(keep_for, domains.DURATION, what="keep_for", request_id=rid)
     topology = yield from core.topology(rid)
@@ -236,6 +237,7 @@ def finish_request(
     yield from core.run(
         rid, "finish_request", request_keys, args, RequestNotFound, fence, alongside=alongside
     )
+    core.instruments.count("finished")
 
 
 def reap(core: Core, *, max_age: float, limit: int = 1000) -> Op[list[str]]:

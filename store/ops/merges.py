@@ -76,6 +76,8 @@ def merge_publish_info(
             yield Sleep(core.retry.delay(waited + 1))  # an optimistic merge goes first
         else:
             raise TransactionConflictError(core.retry.max_attempts, request_id=rid, key=pub)
+        if reply[0] == b"DUP":
+            core.instruments.count("duplicates")
         if reply[0] != b"KIND":
             core.stats.server_merges += 1
             if not returning:
@@ -179,6 +181,11 @@ def _merge_optimistic(
         except RecordOutdated:  # the body wrote nothing: upgrade the partition, merge again
             yield from upgrade_stored(keys, rid, [part], core.retry, reconnect=core.reconnect)
             outcome = yield from run()
+    except TransactionConflictError:
+        core.instruments.count("conflicts")
+        if claimed:
+            yield from core.send(claim, [("DEL", claim)], where)
+        raise
     except GeneratorExit:  # abandoned by its driver (a cancelled task): the claim lapses
         raise
     except BaseException:
@@ -189,5 +196,7 @@ def _merge_optimistic(
         yield from core.send(claim, [("DEL", claim)], where)
     core.stats.transactions += 1
     core.stats.attempts += outcome.attempts
+    if outcome.attempts > 1:
+        core.instruments.count("retries", outcome.attempts - 1)
     assert outcome.result is not None
     return outcome.result

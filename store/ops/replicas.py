@@ -1,14 +1,15 @@
-"""Replica liveness: one heartbeat costs one ZADD per replica, whatever it drives.
+"""Replica liveness: one heartbeat costs one call per replica, whatever it drives.
 
-A replica beats every few seconds into ``<ns>:replicas`` (replica id -> last beat). Recovery
-does not need it (a dead driver's leases simply run out); operators and ``mstar-store
-replicas`` read it to see who is alive.
+A replica beats every few seconds into ``<ns>:replicas`` (replica id -> last beat, by the
+Redis server's clock, so replicas whose clocks disagree still agree on who is silent).
+Recovery does not need it (a dead driver's leases simply run out); operators and
+``mstar-store replicas`` / ``top`` read it to see who is alive. An explicit ``now=`` (a time
+of the caller's choosing, for tests and tools) replaces the server's clock.
 """
 
 from __future__ import annotations
 
-import time
-
+from store.codec import domains
 from store.errors import ValidationError
 from store.keys import MAX_NAME_LENGTH
 from store.ops.core import Core
@@ -19,7 +20,11 @@ def heartbeat(core: Core, replica_id: str, *, now: float | None = None) -> Op[No
     if not isinstance(replica_id, str) or not 0 < len(replica_id) <= MAX_NAME_LENGTH:
         raise ValidationError(f"replica id must be a str of 1 to {MAX_NAME_LENGTH} chars")
     key = core.keys.replicas
-    yield from core.send(key, [("ZADD", key, now or time.time(), replica_id)], {})
+    if now is not None:
+        domains.check_float(now, domains.TIME, what="now")
+        yield from core.send(key, [("ZADD", key, now, replica_id)], {})
+        return
+    yield from core.script("replicas", [key], ["beat", replica_id], {})
 
 
 def last_beats(core: Core) -> Op[dict[str, float]]:
@@ -33,9 +38,12 @@ def last_beats(core: Core) -> Op[dict[str, float]]:
 
 def live(core: Core, *, within: float, now: float | None = None) -> Op[list[str]]:
     """Replicas that beat in the last ``within`` seconds."""
+    domains.check_float(within, domains.DURATION, what="within")
     key = core.keys.replicas
-    since = (now or time.time()) - within
-    (ids,) = yield from core.send(key, [("ZRANGEBYSCORE", key, since, "+inf")], {})
+    if now is not None:
+        (ids,) = yield from core.send(key, [("ZRANGEBYSCORE", key, now - within, "+inf")], {})
+    else:
+        (ids,) = yield from core.script("replicas", [key], ["live", within], {})
     return [rid.decode() for rid in ids]
 
 
@@ -47,7 +55,13 @@ def forget(core: Core, replica_id: str) -> Op[None]:
 
 def prune(core: Core, *, older_than: float, now: float | None = None) -> Op[int]:
     """Forget replicas silent for ``older_than`` seconds; returns how many."""
+    domains.check_float(older_than, domains.DURATION, what="older_than")
     key = core.keys.replicas
-    cutoff = (now or time.time()) - older_than
-    (removed,) = yield from core.send(key, [("ZREMRANGEBYSCORE", key, "-inf", f"({cutoff}")], {})
+    if now is not None:
+        cutoff = now - older_than
+        (removed,) = yield from core.send(
+            key, [("ZREMRANGEBYSCORE", key, "-inf", f"({cutoff}")], {}
+        )
+    else:
+        (removed,) = yield from core.script("replicas", [key], ["prune", older_than], {})
     return int(removed)

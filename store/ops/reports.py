@@ -225,6 +225,9 @@ def _outcome(
     token = int(reply[4])
     lease = partition = None
     stepped = int(reply[6]) or None
+    core.instruments.count("reports" if status == b"OK" else "duplicates")
+    if stepped is not None:
+        core.instruments.count("passes")
     if token:
         lease = Lease(rid, name, holder, token, fwd_pass, float(reply[5]))
         if stepped is None:

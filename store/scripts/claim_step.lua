@@ -4,7 +4,8 @@
 -- KEYS[1] the request's lease hash   KEYS[2] the partition hash   KEYS[3] history stream
 -- ARGV[1] schema version   ARGV[2] partition name   ARGV[3] claiming replica
 -- ARGV[4] lease time to live (seconds)   ARGV[5] history cap
--- Returns {'OK', token, current_pass, is_done, expires, sends, sent}, {'HELD', holder,
+-- Returns {'OK', token, current_pass, is_done, expires, sends, sent} (granted; 'MINE' with
+-- the same fields: the claimer's own live lease, given back), {'HELD', holder,
 -- expires, now} while another replica's lease is live, {'NOTDUE', check_time, now} before
 -- the check time, or NOKEY/SCHEMA.
 local bad = check_records({KEYS[2]}, ARGV[1])
@@ -19,7 +20,7 @@ local holder, token, expires = live_lease(lease, p, t)
 if holder then
   if holder ~= ARGV[3] then return {'HELD', holder, tostring(expires), tostring(t)} end
   local sends, sent = bookkeeping()
-  return {'OK', tonumber(token), redis.call('HGET', lease, 'pass[' .. p .. ']'),
+  return {'MINE', tonumber(token), redis.call('HGET', lease, 'pass[' .. p .. ']'),
           redis.call('HGET', KEYS[2], 'is_done'), tostring(expires), sends, sent}
 end
 local check = redis.call('HGET', lease, 'check[' .. p .. ']')
