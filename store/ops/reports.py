@@ -68,28 +68,31 @@ def record_worker_report(
     """
     rid = validate_request_id(request_id)
     name = validate_name(partition_name, what="partition name", request_id=rid)
-    key = core.keys.partition(rid, name)
+    keys = core.keys
+    key = keys.partition(rid, name)
     where = {"request_id": rid, "key": key}
-    domains.check_int(fwd_pass, domains.PASS, what="fwd_pass", **where)
-    domains.check_int(num_ranks, domains.RANKS, what="num_ranks", **where)
-    domains.check_int(rank, domains.RANK, what="rank", **where)
-    domains.check_int(new_tokens, domains.TOKENS, what="new_tokens", **where)
+    check_int = domains.check_int
+    check_int(fwd_pass, domains.PASS, what="fwd_pass", **where)
+    check_int(num_ranks, domains.RANKS, what="num_ranks", **where)
+    check_int(rank, domains.RANK, what="rank", **where)
+    check_int(new_tokens, domains.TOKENS, what="new_tokens", **where)
     if rank >= num_ranks:
         raise ValidationError(
             f"rank {rank} is outside a worker graph of {num_ranks} ranks", request_id=rid
         )
     if (
-        not isinstance(worker_graph_id, str)
+        type(worker_graph_id) is not str
         or not 0 < len(worker_graph_id) <= MAX_WORKER_GRAPH_ID_LENGTH
     ):
         raise ValidationError(
             "worker graph id must be a str of 1 to 128 characters", request_id=rid, key=key
         )
-    consumed = dict(consumed or {})
-    output_names = list(output_names)
+    consumed = dict(consumed) if consumed else {}
+    output_names = list(output_names) if output_names else []
     if rank != 0 and (new_tokens or consumed or output_names):
         raise ValidationError(
-            f"only the rank-0 report carries tokens, consumed counts and outputs (got rank {rank})",
+            f"only the rank-0 report carries tokens, consumed counts and outputs "
+            f"(got rank {rank})",
             request_id=rid,
             key=key,
         )
@@ -97,47 +100,45 @@ def record_worker_report(
         if not isinstance(output, str):
             raise ValidationError("output names must be str", request_id=rid, key=key)
     for conn_name, count in consumed.items():
-        domains.check_int(count, domains.TOKENS, what=f"consumed[{conn_name}]", **where)
+        check_int(count, domains.TOKENS, what=f"consumed[{conn_name}]", **where)
     holder = check_replica_id(replica_id, rid)
     step_args = _step_args(core, rid, key, then_step, check_in, holder)
-    published = dict(published or {})
     merge_args: list[Any] = []
     if published:
+        published = dict(published)
         merge = core.published.server_merge(
-            published, request_id=rid, key=core.keys.publish_info(rid, name)
+            published, request_id=rid, key=keys.publish_info(rid, name)
         )
         if merge is None:  # a kind with its own update: the optimistic path, guarded
             yield from _merge_first(core, rid, name, published, fwd_pass, worker_graph_id, rank)
         else:
             merge_args = merge.args
+    prefix = keys.request_prefix(rid)
+    fixed_keys = [key, prefix + "lease", prefix + "pub:" + name, prefix + "merging:" + name]
+    fixed_keys.append(prefix + "history")
     for attempt in range(2):
-        needs_conns = bool(new_tokens or consumed or (then_step and then_step.done))
-        topology = (yield from core.topology(rid)) if needs_conns else _NO_CONNECTIONS
-        outgoing, incoming = topology.outgoing(name), topology.incoming(name)
-        unknown = set(consumed) - set(incoming)
-        if unknown and attempt == 0:
-            core.forget(rid)
-            continue
-        if unknown:
-            raise ValidationError(
-                f"consumed counts name {sorted(unknown)}, which are not incoming "
-                f"connections of {name!r}",
-                request_id=rid,
-                key=key,
-            )
-        fed = [c for c in incoming if c in consumed]
-        keys = core.keys
-        script_keys = [
-            key, keys.lease(rid), keys.publish_info(rid, name), keys.merging(rid, name),
-            keys.history(rid),
-            *(keys.connection(rid, c) for c in outgoing),
-            *(keys.connection(rid, c) for c in fed),
-        ]  # fmt: skip
-        n_labels = merge_args[0] if merge_args else 0
+        outgoing: tuple[str, ...] = ()
+        fed: list[str] = []
+        if new_tokens or consumed or (then_step is not None and then_step.done):
+            topology = yield from core.topology(rid)
+            outgoing, incoming = topology.outgoing(name), topology.incoming(name)
+            unknown = set(consumed) - set(incoming)
+            if unknown and attempt == 0:
+                core.forget(rid)
+                continue
+            if unknown:
+                raise ValidationError(
+                    f"consumed counts name {sorted(unknown)}, which are not incoming "
+                    f"connections of {name!r}",
+                    request_id=rid,
+                    key=key,
+                )
+            fed = [c for c in incoming if c in consumed]
+        script_keys = fixed_keys + [prefix + "conn:" + c for c in (*outgoing, *fed)]
         args: list[Any] = [
             VERSION, fwd_pass, worker_graph_id, rank, num_ranks, new_tokens,
             len(outgoing), len(fed), name, holder, core.lease_ttl, core.history_cap,
-            len(output_names), n_labels, *step_args.fixed,
+            len(output_names), merge_args[0] if merge_args else 0, *step_args.fixed,
             *(consumed[c] for c in fed), *output_names, *step_args.wgs, *merge_args[1:],
         ]  # fmt: skip
         try:
@@ -148,6 +149,7 @@ def record_worker_report(
             core.forget(rid)  # the cached topology was stale
             continue
         if reply[0] == b"KIND":  # a label holds another kind: the kind's own update decides
+            assert published
             yield from _merge_first(core, rid, name, published, fwd_pass, worker_graph_id, rank)
             merge_args = []
             continue
@@ -166,11 +168,14 @@ class _StepArgs:
         self.wgs = wgs
 
 
+_NO_STEP = _StepArgs(["", "", "", "", 0], [])
+
+
 def _step_args(
     core: Core, rid: str, key: str, step: Step | None, check_in: float | None, holder: str
 ) -> _StepArgs:
     if step is None:
-        return _StepArgs(["", "", "", "", 0], [])
+        return _NO_STEP
     if not holder:
         raise ValidationError("then_step needs replica_id: the step is taken under its lease")
     metadata, wgs = core.encode_step(rid, key, step.metadata, step.worker_graph_ids)
