@@ -15,16 +15,27 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo
-from store.codec.bounds import MAX_DEPTH, check_stored_depth, check_written_depth
-from store.codec.domains import VERSION, Domain, IntDomain, check_number, field_domains
+from store.codec.bounds import MAX_DEPTH, check_stored_depth
+from store.codec.declared import (
+    KindName,
+    bounded,
+    conforms,
+    domain_check,
+    holds_plain_data,
+    identity,
+    pass_through,
+    refuse_too_deep,
+    slot,
+    type_name,
+)
+from store.codec.domains import VERSION, field_domains
 from store.codec.kinds import (
-    MAX_KIND_NAME_LENGTH,
     POLYMORPHIC_BASES,
     KindRegistry,
     default_registry,
@@ -45,7 +56,6 @@ from store.errors import (
     StoreError,
     UnknownKindError,
     UnknownStoredKindError,
-    ValidationError,
 )
 from store.schema import SCHEMA_VERSION
 
@@ -99,7 +109,7 @@ class Codec:
         self.max_payload_bytes = max_payload_bytes
         self._encoder = msgspec.msgpack.Encoder()
         self._envelope = msgspec.msgpack.Decoder(
-            tuple[VERSION.annotated, _KindName, msgspec.Raw]  # type: ignore[name-defined]
+            tuple[VERSION.annotated, KindName, msgspec.Raw]  # type: ignore[name-defined]
         )
         self._plans: dict[Any, _Plan] = {}
         self._inners: dict[Any, _Plan] = {}
@@ -113,8 +123,8 @@ class Codec:
         msgspec encodes by the value's own type, so a value of another type than declared is
         refused here: it would be written fine and then fail every read.
         """
-        if type_ is not None and not _conforms(value, type_):
-            raise EncodeError(f"expected {_type_name(type_)}, got {type(value).__name__}", **where)
+        if type_ is not None and not conforms(value, type_):
+            raise EncodeError(f"expected {type_name(type_)}, got {type(value).__name__}", **where)
         return self._encode(value, self._plan(type(value) if type_ is None else type_), (), where)
 
     def _encode(
@@ -125,7 +135,7 @@ class Codec:
             if plan.checked is not None and not header:  # on its own: written once
                 data = self._encoder.encode(value)
                 if len(data) > MAX_DEPTH:
-                    _refuse_too_deep(data)
+                    refuse_too_deep(data)
                 self.check_size(data, **where)
                 return data
             payload = plan.to_wire(value) if plan.to_wire else value
@@ -162,7 +172,7 @@ class Codec:
             raise
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise CorruptRecordError(
-                f"stored value does not decode as {_type_name(type_)}: {e}", **where
+                f"stored value does not decode as {type_name(type_)}: {e}", **where
             ) from e
         except RecursionError as e:
             raise CorruptRecordError("stored value is nested too deeply to decode", **where) from e
@@ -236,7 +246,7 @@ class Codec:
         plan = self._plans.get(tp)
         if plan is None:
             plan = self._inner(tp)
-            if plan.to_wire is None and _holds_plain_data(tp, set()):
+            if plan.to_wire is None and holds_plain_data(tp, set()):
                 plan = self._depth_checked(plan)
             self._plans[tp] = plan
         return plan
@@ -312,7 +322,7 @@ class Codec:
         def to_wire(value: Any) -> msgspec.Raw:
             data = encoder.encode(value)
             if len(data) > MAX_DEPTH:
-                _refuse_too_deep(data)
+                refuse_too_deep(data)
             return msgspec.Raw(data)
 
         def from_wire(raw: msgspec.Raw, context: _Context) -> Any:
@@ -352,8 +362,8 @@ class Codec:
         if all(self._inner(a).to_wire is None for a in args):
             return _Plan(tp)
         plans = [self._plan(a) for a in args]
-        tos = [p.to_wire or _identity for p in plans]
-        froms = [p.from_wire or _pass for p in plans]
+        tos = [p.to_wire or identity for p in plans]
+        froms = [p.from_wire or pass_through for p in plans]
         return _Plan(
             types.GenericAlias(tuple, tuple(p.wire_type for p in plans)),
             lambda t: tuple(f(x) for f, x in zip(tos, t, strict=True)),
@@ -371,14 +381,14 @@ class Codec:
         wire = msgspec.defstruct(
             f"{cls.__name__}Wire",
             [
-                (n, _bounded(plans[n].wire_type, domains.get(n)) | msgspec.UnsetType, msgspec.UNSET)
+                (n, bounded(plans[n].wire_type, domains.get(n)) | msgspec.UnsetType, msgspec.UNSET)
                 for n in names
             ],
         )
         converters = [(n, plans[n].to_wire) for n in names]
-        back = {n: p.from_wire or _pass for n, p in plans.items()}
+        back = {n: p.from_wire or pass_through for n, p in plans.items()}
         checks = [
-            (n, _domain_check(d, _slot(hints[n]), f"{cls.__name__}.{n}"))
+            (n, domain_check(d, slot(hints[n]), f"{cls.__name__}.{n}"))
             for n, d in domains.items()
         ]
 
@@ -401,134 +411,3 @@ class Codec:
                 raise msgspec.ValidationError(f"{cls.__name__}: {e}") from e
 
         return _Plan(wire, to_wire, from_wire)
-
-
-_PLAIN: tuple[Any, ...] = (Any, object, dict, list, set, frozenset, tuple)
-
-
-def _holds_plain_data(tp: Any, seen: set[Any]) -> bool:
-    """Whether a value of type ``tp`` may hold plain data of any shape, hence of any depth."""
-    if tp in _PLAIN:
-        return True
-    if tp in POLYMORPHIC_BASES or tp is KVSequenceInfo or tp in seen:
-        return False  # their own plans check their plain data
-    args = typing.get_args(tp)
-    if args:
-        return any(_holds_plain_data(a, seen) for a in args if a is not Ellipsis)
-    if isinstance(tp, type) and (dataclasses.is_dataclass(tp) or issubclass(tp, msgspec.Struct)):
-        seen.add(tp)
-        return any(_holds_plain_data(h, seen) for h in typing.get_type_hints(tp).values())
-    return False
-
-
-_KindName = typing.Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_KIND_NAME_LENGTH)]
-
-
-def _slot(tp: Any) -> str:
-    """Where a domain applies in a field of type ``tp``: the value, map keys or values, items."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is dict and args and args[0] is int:
-        return "keys"
-    if origin is dict:
-        return "values"
-    if origin in (list, set, frozenset):
-        return "items"
-    return "value"
-
-
-def _domain_check(domain: Domain, slot: str, what: str) -> Callable[[Any], None]:
-    """A check of the numbers in a field against ``domain`` (``ValidationError``).
-
-    The common case, every number in range, costs one comparison per number; only a number
-    out of it goes to ``check_number``, which says what is wrong.
-    """
-    fits: Callable[[Any], bool] = domain.__contains__
-    if isinstance(domain, IntDomain):
-        low, high = domain.low, domain.high
-
-        def fits(n: Any) -> bool:
-            return type(n) is int and low <= n < high
-
-    def refuse(n: Any, part: str) -> None:
-        check_number(n, domain, what=f"{what}{part}")
-
-    def check_value(value: Any) -> None:
-        if value is not None and not fits(value):  # None: an Optional number, not set
-            refuse(value, "")
-
-    def check_keys(value: Any) -> None:
-        if isinstance(value, Mapping):  # any other type: msgspec names it as it encodes
-            for key in value:
-                if not fits(key):
-                    refuse(key, " key")
-
-    def check_values(value: Any) -> None:
-        if isinstance(value, Mapping):
-            for item in value.values():
-                if not fits(item):
-                    refuse(item, " entry")
-
-    def check_items(value: Any) -> None:
-        for item in value:
-            if not fits(item):
-                refuse(item, " entry")
-
-    return {"value": check_value, "keys": check_keys, "values": check_values}.get(slot, check_items)
-
-
-def _bounded(wire_type: Any, domain: Domain | None) -> Any:
-    """``wire_type`` with ``domain`` on its numbers, so msgspec checks them as it decodes."""
-    if domain is None:
-        return wire_type
-    number = int if isinstance(domain, IntDomain) else float
-    if wire_type is number:
-        return domain.annotated
-    origin, args = typing.get_origin(wire_type), typing.get_args(wire_type)
-    if origin is dict and args[0] is number:
-        return types.GenericAlias(dict, (domain.annotated, args[1]))
-    if origin is dict and args[1] is number:
-        return types.GenericAlias(dict, (args[0], domain.annotated))
-    if origin in (list, set, frozenset) and args[0] is number:
-        return types.GenericAlias(origin, (domain.annotated,))
-    if origin in (typing.Union, types.UnionType) and number in args:
-        return typing.Union[tuple(domain.annotated if a is number else a for a in args)]  # noqa: UP007
-    return wire_type
-
-
-def _conforms(value: Any, tp: Any) -> bool:
-    """A shallow check of ``value`` against a declared type (classes only, not generics)."""
-    if tp is Any:
-        return True
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, arg) for arg in typing.get_args(tp))
-    if tp is type(None):
-        return value is None
-    if isinstance(tp, type) and tp is not object:
-        return isinstance(value, origin or tp)
-    if isinstance(origin, type):
-        return isinstance(value, origin)
-    return True
-
-
-def _refuse_too_deep(data: bytes) -> None:
-    try:
-        check_written_depth(data)
-    except ValueError as e:
-        raise ValidationError(str(e)) from e
-
-
-def _identity(value: Any) -> Any:
-    return value
-
-
-def _pass(value: Any, context: _Context) -> Any:
-    return value
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__qualname__", None) or str(tp)
