@@ -65,7 +65,9 @@ def _text(value: bytes) -> str:
 
 
 def decode_entry(entry_id: bytes, fields: Mapping[bytes, bytes]) -> Entry:
-    return Entry(_text(entry_id), {_text(k): _text(v) for k, v in fields.items()})
+    """An entry; an empty field is one that does not apply (the scripts write it so rather
+    than build a shorter list on the hot path)."""
+    return Entry(_text(entry_id), {_text(k): _text(v) for k, v in fields.items() if v != b""})
 
 
 def read_history(client: Any, key: str) -> list[Entry]:

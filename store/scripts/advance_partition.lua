@@ -18,9 +18,13 @@ for i = 5, #KEYS do records[#records + 1] = KEYS[i] end
 local bad = check_records(records, ARGV[1])
 if bad then return bad end
 local t = now()
-local fenced = check_fence(KEYS[3], p, ARGV[8], t)
-if fenced then return fenced end
 local current = redis.call('HGET', part, 'fwd_pass_number')
+local fenced = check_fence(KEYS[3], p, ARGV[8], t)
+if fenced then
+  history(KEYS[4], ARGV[9], part, {'op', 'advance', 'partition', p, 'pass', ARGV[2],
+    'outcome', 'fenced', 'token', ARGV[8], 'detail', 'current token ' .. fenced[2]})
+  return fenced
+end
 if op_seen(ops, ARGV[3]) then return {'DUP', current} end
 if current ~= ARGV[2] then return {'STALE', current} end
 local wgs = {}

@@ -11,7 +11,11 @@ local bad = check_records({KEYS[1]}, ARGV[1])
 if bad then return bad end
 local lease = KEYS[2]
 local fenced = check_fence(lease, ARGV[2], ARGV[3], now())
-if fenced then return fenced end
+if fenced then
+  history(KEYS[3], ARGV[5], KEYS[1], {'op', 'finish', 'partition', fenced[3] or '',
+    'outcome', 'fenced', 'token', ARGV[3], 'detail', 'current token ' .. fenced[2]})
+  return fenced
+end
 redis.call('HSET', KEYS[1], 'finished_at', ARGV[6])
 -- No partition is driven any more: drop holders and check times, keep the tokens (a late
 -- write fenced with an old lease is still refused).

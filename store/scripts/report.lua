@@ -54,7 +54,11 @@ if #KEYS > 5 then
   local bad = check_records(conns, ARGV[1])
   if bad then return bad end
 end
-if held[2] ~= ARGV[2] then return {'STALE', held[2]} end
+if held[2] ~= ARGV[2] then
+  history(KEYS[5], cap, part, {'op', 'report', 'partition', p, 'pass', ARGV[2], 'rank', rank,
+    'wg', wg, 'replica', replica, 'outcome', 'stale', 'detail', 'partition at pass ' .. held[2]})
+  return {'STALE', held[2]}
+end
 if not held[3] then return {'NOWG'} end
 
 local t = now()

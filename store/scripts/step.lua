@@ -27,8 +27,14 @@ if advancing and redis.call('HGET', lease, 'stepped[' .. p .. ']') == stepped th
   return {'DUP', current, redis.call('HGET', lease, 'sends[' .. p .. ']') or '0'}
 end
 local fenced = check_fence(lease, p, ARGV[4], t)
-if fenced then return fenced end
-if advancing and current ~= ARGV[2] then return {'STALE', current} end
+if not fenced and advancing and current ~= ARGV[2] then fenced = {'STALE', current} end
+if fenced then
+  history(KEYS[3], ARGV[9], part, {'op', advancing and 'step' or 'resend', 'partition', p,
+    'pass', ARGV[2], 'replica', ARGV[5], 'outcome', string.lower(fenced[1]), 'token', ARGV[4],
+    'detail', fenced[1] == 'STALE' and ('partition at pass ' .. current)
+              or ('current token ' .. fenced[2])})
+  return fenced
+end
 
 local sends
 if advancing then

@@ -14,7 +14,12 @@ local bad = check_records({KEYS[1]}, ARGV[1])
 if bad then return bad end
 if ARGV[2] ~= '-' then
   local fenced = check_fence(KEYS[2], ARGV[2], ARGV[3], now())
-  if fenced then return fenced end
+  if fenced then
+    history(KEYS[3], ARGV[5 + tonumber(ARGV[4])], KEYS[1], {'op', ARGV[6 + tonumber(ARGV[4])],
+      'partition', fenced[3] or '', 'outcome', 'fenced', 'token', ARGV[3],
+      'detail', 'current token ' .. fenced[2]})
+    return fenced
+  end
 end
 local q = tonumber(ARGV[4])
 local names, per_pass = {}, false
