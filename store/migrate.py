@@ -24,8 +24,10 @@ from typing import Any
 
 from store.backoff import RetryPolicy
 from store.errors import StoreConnectionError, StoreError, ValidationError
-from store.io.sync import SyncExecutor
-from store.keys import KeySpace, validate_request_id
+from store.keys import validate_request_id
+from store.namespace import NamespaceReader
+from store.ops.calls import Reconnect, hash_reply
+from store.ops.effects import Command
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
 from store.upgrade import parse_version, upgrade_stored
 
@@ -55,21 +57,23 @@ def migrate_namespace(
     dry_run: bool = False,
     progress: Progress | None = None,
     retry: RetryPolicy | None = None,
+    reconnect: Reconnect | None = None,
 ) -> MigrationReport:
     """Upgrade every record of ``namespace`` to ``SCHEMA_VERSION``; see the module docstring.
 
     ``batch`` requests are read per round trip. ``dry_run`` reads and upgrades in memory
     only, so it reports what would be upgraded and what would fail, and writes nothing. An
     exception from ``progress`` stops the run (what was upgraded stays upgraded). Only an
-    unreachable Redis ends the run early with an error.
+    unreachable Redis ends the run early, with ``StoreConnectionError`` (after ``reconnect``
+    ran out; every other failure is a ``StoreError`` too).
     """
     if batch < 1:
         raise ValidationError("batch must be at least 1")
-    keys = KeySpace(namespace)
+    reader = NamespaceReader(client, namespace=namespace, reconnect=reconnect)
     policy = retry or RetryPolicy()
     report = MigrationReport(dry_run=dry_run)
     done: set[str] = set()
-    total = int(client.zcard(keys.index))
+    total = reader.index_size(reader.keys.index)
 
     def run(ids: Iterator[str]) -> None:
         nonlocal total
@@ -80,45 +84,52 @@ def migrate_namespace(
             done.add(rid)
             pending.append(rid)
             if len(pending) >= batch:
-                _migrate_batch(client, keys, pending, report, policy, dry_run)
+                _migrate_batch(reader, pending, report, policy, dry_run)
                 pending = []
                 total = max(total, len(done))
                 if progress:
                     progress(len(done), total, report)
         if pending:
-            _migrate_batch(client, keys, pending, report, policy, dry_run)
+            _migrate_batch(reader, pending, report, policy, dry_run)
             total = max(total, len(done))
             if progress:
                 progress(len(done), total, report)
 
-    run(_indexed(client, keys, batch))
-    run(_unindexed(client, keys, batch, done, report))
+    run(_indexed(reader, batch))
+    run(_unindexed(reader, batch, done, report))
     report.requests = len(done)
     return report
 
 
-def _indexed(client: Any, keys: KeySpace, batch: int) -> Iterator[str]:
+def _indexed(reader: NamespaceReader, batch: int) -> Iterator[str]:
     # ZSCAN, not ZRANGE by rank: requests deleted meanwhile would shift ranks and skip others.
-    for member, _ in client.zscan_iter(keys.index, count=batch):
-        yield member.decode()
+    cursor = None
+    while cursor != 0:
+        cursor, members = reader.zset_page(reader.keys.index, cursor or 0, batch)
+        for member in members:
+            yield member.decode()
 
 
 def _unindexed(
-    client: Any, keys: KeySpace, batch: int, done: set[str], report: MigrationReport
+    reader: NamespaceReader, batch: int, done: set[str], report: MigrationReport
 ) -> Iterator[str]:
+    keys = reader.keys
     prefix, suffix = f"{keys.namespace}:{{", "}:meta"
+    match = f"{prefix}*{suffix}"  # a namespace holds no glob character (KeySpace checks)
     found: list[str] = []
-    for key in client.scan_iter(match=f"{prefix}*{suffix}", count=max(batch, 100)):
-        rid = key.decode("utf-8", "replace")[len(prefix) : -len(suffix)]
-        if rid not in done and _is_request_id(rid):
-            found.append(rid)
+    for node in reader.nodes():  # a cluster's keys are SCANned master by master
+        cursor = None
+        while cursor != 0:
+            cursor, page = reader.key_page(node, cursor or 0, match, max(batch, 100))
+            for key in page:
+                rid = key.decode("utf-8", "replace")[len(prefix) : -len(suffix)]
+                if rid not in done and _is_request_id(rid):
+                    found.append(rid)
     if not found:
         return
     # Requests created during the run are in the index by now; only the others are strays.
-    pipe = client.pipeline(transaction=False)
-    for rid in found:
-        pipe.zscore(keys.index, rid)
-    for rid, score in zip(found, pipe.execute(), strict=True):
+    scores = reader.read_many([(keys.index, [("ZSCORE", keys.index, rid)]) for rid in found], {})
+    for rid, (score,) in zip(found, scores, strict=True):
         if score is None:
             report.unindexed.append(rid)
         yield rid
@@ -133,20 +144,20 @@ def _is_request_id(rid: str) -> bool:
 
 
 def _migrate_batch(
-    client: Any,
-    keys: KeySpace,
+    reader: NamespaceReader,
     rids: list[str],
     report: MigrationReport,
     policy: RetryPolicy,
     dry_run: bool,
 ) -> None:
     """Read the versions of every record of ``rids`` in two round trips; upgrade the old."""
-    pipe = client.pipeline(transaction=False)
-    for rid in rids:
-        pipe.hgetall(keys.meta(rid))
-    metas: list[Mapping[bytes, bytes]] = pipe.execute()
+    keys = reader.keys
+    replies = reader.read_many(
+        [(keys.meta(rid), [("HGETALL", keys.meta(rid))]) for rid in rids], {}
+    )
     records: list[tuple[str, str]] = []  # (request id, record key), version read below
-    for rid, meta in zip(rids, metas, strict=True):
+    for rid, (meta_reply,) in zip(rids, replies, strict=True):
+        meta = hash_reply(meta_reply)
         if not meta:  # deleted meanwhile, or an index entry of an interrupted create
             continue
         records.append((rid, keys.meta(rid)))
@@ -159,13 +170,15 @@ def _migrate_batch(
             continue
         records += [(rid, keys.partition(rid, p)) for p in partitions]
         records += [(rid, keys.connection(rid, c)) for c in connections]
-    pipe = client.pipeline(transaction=False)
-    for _, key in records:
-        pipe.hget(key, VERSION_FIELD)
-    versions: list[bytes | None] = pipe.execute()
-    for (rid, key), raw in zip(records, versions, strict=True):
+    reads: list[tuple[str, list[Command]]] = [
+        (key, [("HGET", key, VERSION_FIELD)]) for _, key in records
+    ]
+    versions = reader.read_many(reads, {})
+    for (rid, key), (raw,) in zip(records, versions, strict=True):
         if raw is None:
-            if client.exists(keys.meta(rid)):
+            meta_key = keys.meta(rid)
+            ((held,),) = reader.read_many([(meta_key, [("EXISTS", meta_key)])], {})
+            if held:
                 report.seen += 1
                 report.failed.append((key, "record is missing from its request"))
             continue
@@ -174,8 +187,10 @@ def _migrate_batch(
             if parse_version(raw, request_id=rid, key=key) == SCHEMA_VERSION:
                 report.current += 1
                 continue
-            outcome = SyncExecutor(client).run(
-                upgrade_stored(keys, rid, [key], policy, dry_run=dry_run)
+            outcome = reader.run(
+                upgrade_stored(
+                    keys, rid, [key], policy, dry_run=dry_run, reconnect=reader.reconnect
+                )
             )
         except StoreConnectionError:
             raise

@@ -8,14 +8,18 @@ from store.facade import Facade, async_method, sync_method
 from store.io.aio import AsyncExecutor
 from store.io.sync import SyncExecutor
 from store.ops import replicas
+from store.ops.calls import DEFAULT_RECONNECT, Reconnect
 from store.ops.core import Core, Settings
 
 
 class ReplicaRegistry(Facade):
-    """Heartbeats of the conductor replicas of one namespace."""
+    """Heartbeats of the conductor replicas of one namespace; ``reconnect`` bounds how long
+    a call keeps trying an unreachable Redis (default: the store's)."""
 
-    def __init__(self, client: Any, *, namespace: str = "mstar") -> None:
-        self._core = Core(Settings(namespace=namespace))
+    def __init__(
+        self, client: Any, *, namespace: str = "mstar", reconnect: Reconnect | None = None
+    ) -> None:
+        self._core = Core(Settings(namespace, reconnect=reconnect or DEFAULT_RECONNECT))
         self._executor = SyncExecutor(client)
         self.client = client
         self.key = self._core.keys.replicas
@@ -30,8 +34,10 @@ class ReplicaRegistry(Facade):
 class AsyncReplicaRegistry(Facade):
     """``ReplicaRegistry`` on a ``redis.asyncio`` client: the same methods, awaited."""
 
-    def __init__(self, client: Any, *, namespace: str = "mstar") -> None:
-        self._core = Core(Settings(namespace=namespace))
+    def __init__(
+        self, client: Any, *, namespace: str = "mstar", reconnect: Reconnect | None = None
+    ) -> None:
+        self._core = Core(Settings(namespace, reconnect=reconnect or DEFAULT_RECONNECT))
         self._executor = AsyncExecutor(client)
         self.client = client
         self.key = self._core.keys.replicas

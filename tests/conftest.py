@@ -131,7 +131,8 @@ def real_client(namespace: str, real_redis_error: str | None) -> Iterator[redis.
             c.close()
 
 
-def _require_binaries() -> None:
+def require_binaries() -> None:
+    """Skip (fail, in CI) a test that starts servers when the binaries are missing."""
     if not redis_binaries_available():
         _skip_or_fail("redis-server / redis-cli not found on PATH")
 
@@ -144,7 +145,7 @@ def tmp_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RedisS
 
         @pytest.mark.parametrize("tmp_redis", [("--appendonly", "yes")], indirect=True)
     """
-    _require_binaries()
+    require_binaries()
     args: tuple[str, ...] = tuple(getattr(request, "param", ()))
     server = RedisServer(tmp_path / "redis", None, *args)
     server.start()
@@ -157,7 +158,7 @@ def tmp_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RedisS
 @pytest.fixture(scope="module")
 def tmp_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
     """A private 3-master Redis Cluster, shared by the tests of one module."""
-    _require_binaries()
+    require_binaries()
     with RedisCluster(tmp_path_factory.mktemp("cluster")) as cluster:
         yield cluster
 
@@ -168,7 +169,7 @@ def tmp_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSent
 
     The master is ``tmp_sentinel.master``; quorum 1, down-after 1 s.
     """
-    _require_binaries()
+    require_binaries()
     workdir = tmp_path_factory.mktemp("sentinel")
     with (
         RedisServer(workdir / "master") as master,

@@ -291,6 +291,21 @@ class _PortInUseError(RuntimeError):
     pass
 
 
+class PasswordRedisServer(RedisServer):
+    """A ``redis-server`` that asks every client for ``password`` (``requirepass``)."""
+
+    def __init__(self, workdir: Path, password: str, port: int | None = None, *args: str):
+        super().__init__(workdir, port, "--requirepass", password, *args)
+        self.password = password
+
+    @property
+    def url(self) -> str:
+        return f"redis://:{quote(self.password)}@{self.host}:{self.port}/0"
+
+    def connection_options(self) -> dict[str, Any]:
+        return {"password": self.password}
+
+
 OPENSSL = os.environ.get("OPENSSL_BIN") or shutil.which("openssl") or "openssl"
 
 
@@ -393,13 +408,24 @@ class TlsUnsupportedError(RuntimeError):
 
 
 class RedisCluster(_Started):
-    """A Redis Cluster of ``masters`` master-only nodes, each in its own subdir."""
+    """A Redis Cluster of ``masters`` masters, each with ``replicas`` replicas; every node in
+    its own subdir. A master whose node is down for ``node_timeout_ms`` is failed over to
+    one of its replicas (``wait_promoted``)."""
 
-    def __init__(self, workdir: Path, masters: int = 3, *args: str) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        masters: int = 3,
+        *args: str,
+        replicas: int = 0,
+        node_timeout_ms: int = 5000,
+    ) -> None:
         if masters < 3:
             raise ValueError("redis-cli --cluster create needs at least 3 masters")
         self.workdir = Path(workdir)
         self.masters = masters
+        self.replicas = replicas
+        self.node_timeout_ms = node_timeout_ms
         self.args = args
         self.nodes: list[RedisServer] = []
 
@@ -427,7 +453,7 @@ class RedisCluster(_Started):
 
     def start(self) -> Self:
         try:
-            for _ in range(self.masters):
+            for _ in range(self.masters * (1 + self.replicas)):
                 port = free_cluster_port()
                 node = RedisServer(
                     self.workdir / f"node-{port}",
@@ -437,13 +463,16 @@ class RedisCluster(_Started):
                     "--cluster-config-file",
                     f"nodes-{port}.conf",
                     "--cluster-node-timeout",
-                    "5000",
+                    str(self.node_timeout_ms),
+                    # A replica's full sync starts at once, not after the default 5 s wait.
+                    "--repl-diskless-sync-delay",
+                    "0",
                     *self.args,
                 )
                 self.nodes.append(node)
                 node.start()
             self._create()
-            self._wait_ok()
+            self.wait_ready()
         except BaseException:
             self.stop()
             raise
@@ -456,7 +485,7 @@ class RedisCluster(_Started):
             "create",
             *(f"{HOST}:{p}" for p in self.ports),
             "--cluster-replicas",
-            "0",
+            str(self.replicas),
             "--cluster-yes",
         ]
         res = subprocess.run(
@@ -491,20 +520,102 @@ class RedisCluster(_Started):
                 f"cluster not ok within {CLUSTER_TIMEOUT}s on ports {[n.port for n in pending]}"
             )
 
+    def wait_ready(self) -> None:
+        """Until every node says the cluster is ok and every replica's link to its master is
+        up (a failover needs it); after ``start``, or after a killed node was restarted (it
+        rejoins as a replica of the node promoted in its place)."""
+        self._wait_ok()
+        deadline = time.monotonic() + CLUSTER_TIMEOUT
+        for node in self.nodes:
+            while True:
+                with node.client(socket_timeout=1) as c:
+                    info = c.info("replication")
+                if info.get("role") != "slave" or info.get("master_link_status") == "up":
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"replica on port {node.port} did not sync with its master")
+                time.sleep(0.05)
+
+    def node(self, port: int) -> RedisServer:
+        return next(n for n in self.nodes if n.port == port)
+
+    def topology(self) -> list[ClusterNodeInfo]:
+        """Every node as a live node sees them (``CLUSTER NODES``)."""
+        for node in self.nodes:
+            if not node.running:
+                continue
+            try:
+                with node.client(socket_timeout=1) as c:
+                    raw = c.execute_command("CLUSTER", "NODES")
+            except redis.RedisError:
+                continue
+            return parse_cluster_nodes(raw)
+        raise RuntimeError("no cluster node answers")
+
+    def replicas_of(self, master_port: int) -> list[int]:
+        """The ports of the replicas of the master on ``master_port``."""
+        nodes = self.topology()
+        master = next(n for n in nodes if n.port == master_port)
+        return [n.port for n in nodes if n.master_id == master.id]
+
+    def wait_promoted(self, port: int, timeout: float = CLUSTER_TIMEOUT) -> float:
+        """Wait until the node on ``port`` is a master and the cluster is ok again, as seen
+        by every node still running; returns when (``time.monotonic()``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                promoted = any(n.port == port and "master" in n.flags for n in self.topology())
+                if promoted and all(_cluster_ok(n) for n in self.nodes if n.running):
+                    return time.monotonic()
+            except redis.RedisError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"node {port} was not promoted within {timeout}s")
+
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
 
 
+@dataclass(frozen=True)
+class ClusterNodeInfo:
+    """One line of ``CLUSTER NODES``."""
+
+    id: str
+    port: int
+    flags: frozenset[str]
+    master_id: str | None  # the master of a replica
+
+
+def parse_cluster_nodes(raw: object) -> list[ClusterNodeInfo]:
+    text = raw if isinstance(raw, str) else _s(raw)
+    out = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        address = fields[1].split("@", 1)[0]
+        out.append(
+            ClusterNodeInfo(
+                id=fields[0],
+                port=int(address.rpartition(":")[2]),
+                flags=frozenset(fields[2].split(",")),
+                master_id=None if fields[3] == "-" else fields[3],
+            )
+        )
+    return out
+
+
 class RedisSentinel(_Started):
-    """One Sentinel process monitoring ``master`` (an already running RedisServer).
+    """One Sentinel process monitoring ``master`` (an already running RedisServer), or
+    nothing at all when ``master`` is None (a Sentinel that knows no service).
 
     Quorum 1, down-after 1 s, failover-timeout 5 s, service name ``mymaster``.
     """
 
     service_name = "mymaster"
 
-    def __init__(self, master: RedisServer, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, master: RedisServer | None, workdir: Path, port: int | None = None) -> None:
         self.master = master
         self.workdir = Path(workdir)
         self.port = free_port() if port is None else port
@@ -529,19 +640,20 @@ class RedisSentinel(_Started):
         return redis.sentinel.Sentinel(self.sentinels, **kwargs)
 
     def start(self) -> Self:
-        if not self.master.running:
+        master = self.master
+        if master is not None and not master.running:
             raise RuntimeError("the master must be running before the sentinel starts")
         self.workdir.mkdir(parents=True, exist_ok=True)
         name = self.service_name
         # Sentinel rewrites this file at runtime, so it must live in a writable dir.
-        self.conf_path.write_text(
-            f"port {self.port}\n"
-            f"bind {self.host}\n"
-            f'dir "{self.workdir}"\n'
-            f"sentinel monitor {name} {self.master.host} {self.master.port} 1\n"
-            f"sentinel down-after-milliseconds {name} 1000\n"
-            f"sentinel failover-timeout {name} 5000\n"
-        )
+        conf = f'port {self.port}\nbind {self.host}\ndir "{self.workdir}"\n'
+        if master is not None:
+            conf += (
+                f"sentinel monitor {name} {master.host} {master.port} 1\n"
+                f"sentinel down-after-milliseconds {name} 1000\n"
+                f"sentinel failover-timeout {name} 5000\n"
+            )
+        self.conf_path.write_text(conf)
         with open(self.logfile, "ab") as log:
             self.proc = subprocess.Popen(
                 [REDIS_SERVER, str(self.conf_path), "--sentinel"],
@@ -561,6 +673,10 @@ class RedisSentinel(_Started):
                 )
             try:
                 with _probe(self.host, self.port) as c:
+                    if master is None:
+                        if c.ping():
+                            return self
+                        continue
                     addr = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", name)
                     master = c.execute_command("SENTINEL", "MASTER", name)
                     last = (addr, master)
@@ -590,6 +706,11 @@ class RedisSentinel(_Started):
                 proc.wait()
         else:
             proc.wait()
+
+
+def _cluster_ok(node: RedisServer) -> bool:
+    with node.client(socket_timeout=1) as c:
+        return cluster_state(c) == "ok"
 
 
 def cluster_state(client: redis.Redis) -> str:

@@ -12,6 +12,7 @@ import fakeredis
 import pytest
 import redis
 
+import store.io.sync as store_io_sync
 from store.cli import top
 from store.keys import KeySpace
 from store.replicas import ReplicaRegistry
@@ -167,13 +168,13 @@ def test_a_frame_costs_the_same_however_many_requests_are_held(
     store: RequestStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent: list[list[tuple[Any, ...]]] = []
-    execute = redis.client.Pipeline.execute
+    pack = store_io_sync.pack
 
-    def record(self: redis.client.Pipeline, raise_on_error: bool = True) -> Any:
-        sent.append([command for command, _ in self.command_stack])
-        return execute(self, raise_on_error)
+    def record(conn: Any, commands: Any) -> Any:
+        sent.append(list(commands))
+        return pack(conn, commands)
 
-    monkeypatch.setattr(redis.client.Pipeline, "execute", record)
+    monkeypatch.setattr(store_io_sync, "pack", record)
     ReplicaRegistry(store.client, namespace=store.keys.namespace).heartbeat("a", now=NOW)
     keys = KeySpace(store.keys.namespace)
     costs = []
@@ -185,7 +186,8 @@ def test_a_frame_costs_the_same_however_many_requests_are_held(
         assert frame.in_flight == held
         costs.append(sent[:])
     assert costs[0] == costs[1]
-    assert sum(len(p) for p in costs[0]) == 8  # 7 namespace reads, 1 per live replica
+    # 7 namespace reads, 1 per live replica, INFO memory and stats; in 3 round trips.
+    assert sum(len(p) for p in costs[0]) == 10 and len(costs[0]) == 3
     assert not any(b"{" in str(arg).encode() for p in costs[0] for c in p for arg in c)
 
 

@@ -17,9 +17,11 @@ from typing import Any
 
 import msgspec
 
-from store.cli.errors import redis_errors
+from store.cli import main as cli
 from store.cli.main import add_common_options, open_store
 from store.keys import validate_request_id
+from store.namespace import NamespaceReader
+from store.ops.calls import hash_reply
 
 # The known fields, in the order they are shown; "detail" and "token" are optional.
 COLUMNS = ("op", "partition", "pass", "rank", "wg", "replica", "outcome")
@@ -70,13 +72,13 @@ def decode_entry(entry_id: bytes, fields: Mapping[bytes, bytes]) -> Entry:
     return Entry(_text(entry_id), {_text(k): _text(v) for k, v in fields.items() if v != b""})
 
 
-def read_history(client: Any, key: str) -> list[Entry]:
+def read_history(reader: NamespaceReader, key: str) -> list[Entry]:
     """Every entry of the stream at ``key``, oldest first, a page per round trip."""
     entries: list[Entry] = []
     start = "-"
     while True:
-        page = client.xrange(key, min=start, max="+", count=PAGE)
-        entries += [decode_entry(entry_id, fields) for entry_id, fields in page]
+        page = reader.history_page(key, start, PAGE)
+        entries += [decode_entry(entry_id, hash_reply(fields)) for entry_id, fields in page]
         if len(page) < PAGE:
             return entries
         start = "(" + page[-1][0].decode()
@@ -119,8 +121,11 @@ def _is_int(value: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     rid = validate_request_id(args.request_id)
-    with open_store(args) as store, redis_errors(request_id=rid):
-        entries = read_history(store.client, store.keys.history(rid))
+    with open_store(args) as store:
+        reader = NamespaceReader(
+            store.client, namespace=args.namespace, reconnect=cli.CLI_RECONNECT
+        )
+        entries = read_history(reader, store.keys.history(rid))
         held = store.request_exists(rid)
     if args.json:
         encoded = msgspec.json.encode([to_json(e) for e in entries])

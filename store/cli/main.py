@@ -18,9 +18,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from store.errors import ConfigurationError, StoreError
-from store.io.connect import client_from_url
+import redis
+from redis.exceptions import RedisClusterException
+
+from store.errors import ConfigurationError, StoreConnectionError, StoreError
+from store.io.connect import client_from_url, parse_url, redacted
+from store.io.wire import io_failure
 from store.ops.calls import Reconnect
+from store.ops.effects import Disconnected
 from store.schema import SCHEMA_VERSION
 from store.store import RequestStore
 
@@ -87,7 +92,33 @@ def make_client(args: argparse.Namespace) -> Any:
     url: str | None = args.redis_url
     if url is None:
         return embedded_client()
-    return client_from_url(url, socket_connect_timeout=CONNECT_TIMEOUT)
+    return connect(url)
+
+
+def connect(url: str) -> Any:
+    """A redis-py client for ``url``; a failure while it is built (a cluster client
+    connects then) is the store error it stands for."""
+    try:
+        return client_from_url(url, socket_connect_timeout=CONNECT_TIMEOUT)
+    except (redis.RedisError, RedisClusterException) as e:
+        raise as_store_error(e, url) from e
+
+
+def as_store_error(error: BaseException, url: str | None) -> StoreError:
+    """What a redis-py error that escaped the library stands for, mapped as the library
+    maps the errors it meets (``store.io.wire.io_failure``)."""
+    where = redacted(url) if url else "the embedded Redis"
+    if "cluster mode is not enabled" in str(error).lower():
+        return ConfigurationError(
+            f"{where} is no Redis Cluster (cluster mode is not enabled on that node); "
+            "use redis:// for a single server"
+        )
+    failure = io_failure(error, where)
+    if isinstance(failure, Disconnected):  # its message names the server
+        return StoreConnectionError(f"Redis unreachable: {failure}")
+    if isinstance(failure, StoreError):
+        return failure
+    return StoreError(f"Redis at {where}: {type(error).__name__}: {error}")
 
 
 @contextmanager
@@ -98,6 +129,27 @@ def open_store(args: argparse.Namespace) -> Iterator[RequestStore]:
         yield RequestStore(client, namespace=args.namespace, reconnect=CLI_RECONNECT)
     finally:
         client.close()
+
+
+def describe(error: StoreError, url: str | None) -> str:
+    """The error as one line; for an unreachable server, with what to check."""
+    message = " ".join(str(error).split())
+    if isinstance(error, StoreConnectionError):
+        return message.rstrip(".") + reach_hint(url)
+    return message
+
+
+def reach_hint(url: str | None) -> str:
+    """What to check when the server at ``url`` cannot be reached (empty: embedded)."""
+    if url is None:
+        return ""
+    spec = parse_url(url)
+    hosts = ",".join(f"{host}:{port}" for host, port in spec.hosts)
+    if spec.scheme == "redis+sentinel":
+        return f"; is a Sentinel up at {hosts}, and does it monitor {spec.service!r}?"
+    if spec.scheme == "redis+cluster":
+        return f"; are the cluster's nodes up at {hosts}?"
+    return f"; is Redis up at {redacted(url)}?"
 
 
 def version() -> str:
@@ -121,12 +173,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; a store error prints ``error: <message>`` and returns 1."""
+    """Run one command; a store error prints ``error: <message>`` (one line) and returns 1."""
     args = build_parser().parse_args(argv)
+    url: str | None = getattr(args, "redis_url", None)
     try:
         code: int = args.func(args)
     except StoreError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {describe(e, url)}", file=sys.stderr)
+        return 1
+    except (redis.RedisError, RedisClusterException) as e:
+        # The library types every failure it meets; this is the net under code that reads
+        # Redis without it (the simulation's own lists), so that no user sees a traceback.
+        print(f"error: {describe(as_store_error(e, url), url)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader went away (`mstar-store ls | head`): stop quietly, as Python's docs advise.

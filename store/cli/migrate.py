@@ -34,8 +34,9 @@ def run(args: argparse.Namespace) -> int:
     bar = ProgressBar(sys.stderr)
     try:
         report = migrate_namespace(
-            client, args.namespace, batch=args.batch, dry_run=args.dry_run, progress=bar.update
-        )
+            client, args.namespace, batch=args.batch, dry_run=args.dry_run,
+            progress=bar.update, reconnect=cli.CLI_RECONNECT,
+        )  # fmt: skip
     except KeyboardInterrupt:
         bar.finish()
         print("interrupted: records upgraded so far stay upgraded; run again to resume")

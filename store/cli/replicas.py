@@ -32,7 +32,8 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     client = cli.make_client(args)
     try:
-        beats = ReplicaRegistry(client, namespace=args.namespace).last_beats()
+        registry = ReplicaRegistry(client, namespace=args.namespace, reconnect=cli.CLI_RECONNECT)
+        beats = registry.last_beats()
     finally:
         client.close()
     now = time.time()

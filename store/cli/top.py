@@ -3,7 +3,8 @@
 A frame is two round trips and the INFO of each server, whatever the number of requests:
 ZCARD of the request index, ZCOUNT and the first entry of the deadlines index, the live
 replicas from the heartbeat registry, the two newest minute buckets of ``store.stats``, then
-one HGETALL per live replica. No SCAN, nothing read per request.
+one HGETALL per live replica. No SCAN, nothing read per request. Every read goes through
+the store's executor (``store.namespace``), so a failure is one of the store's typed errors.
 
 Rates and "last minute" counts are estimated from the minute buckets (``stats.last_minute``),
 which replicas fill with every heartbeat: they trail the truth by up to a heartbeat.
@@ -20,15 +21,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
-import redis
-from redis.cluster import RedisCluster
 
 from store import stats
 from store.cli import main as cli
-from store.cli.errors import redis_errors
 from store.cli.main import add_common_options
 from store.cli.view import age
 from store.keys import KeySpace
+from store.namespace import NamespaceReader
+from store.ops.calls import hash_reply
+from store.ops.effects import Command
 from store.stats import ReplicaStats
 
 DEFAULT_INTERVAL = 1.0
@@ -90,55 +91,68 @@ class Frame:
 
 def sample(client: Any, keys: KeySpace, at: float, within: float) -> Frame:
     """Read one frame; its cost does not depend on how many requests are held."""
+    reader = NamespaceReader(client, namespace=keys.namespace, reconnect=cli.CLI_RECONNECT)
     minute = stats.minute_of(at)
-    pipe = client.pipeline(transaction=False)
-    pipe.zcard(keys.index)
-    pipe.zcount(keys.deadlines, "-inf", at)
-    pipe.zrange(keys.deadlines, 0, 0, withscores=True)
-    pipe.zrevrangebyscore(keys.replicas, "+inf", at - within, withscores=True)
-    pipe.zcard(keys.replicas)
-    pipe.hgetall(keys.stats_bucket(minute))
-    pipe.hgetall(keys.stats_bucket(minute - 1))
-    in_flight, due, first_due, beats, registered, current, previous = pipe.execute()
-    live = [(rid.decode(errors="backslashreplace"), float(beat)) for rid, beat in beats]
-    pipe = client.pipeline(transaction=False)
-    for rid, _ in live:
-        pipe.hgetall(keys.replica_stats(rid))
-    replica_hashes = pipe.execute() if live else []
-    oldest_due = first_due[0][1] if first_due and first_due[0][1] <= at else None
+    reads: list[tuple[str, list[Command]]] = [
+        (keys.index, [("ZCARD", keys.index)]),
+        (keys.deadlines, [
+            ("ZCOUNT", keys.deadlines, "-inf", at),
+            ("ZRANGE", keys.deadlines, 0, 0, "WITHSCORES"),
+        ]),
+        (keys.replicas, [
+            ("ZREVRANGEBYSCORE", keys.replicas, "+inf", at - within, "WITHSCORES"),
+            ("ZCARD", keys.replicas),
+        ]),
+        (keys.stats_bucket(minute), [("HGETALL", keys.stats_bucket(minute))]),
+        (keys.stats_bucket(minute - 1), [("HGETALL", keys.stats_bucket(minute - 1))]),
+    ]  # fmt: skip
+    (in_flight,), (due, first_due), (beats, registered), (current,), (previous,) = (
+        reader.read_many(reads, {})
+    )
+    live = [(rid.decode(errors="backslashreplace"), beat) for rid, beat in _scored(beats)]
+    replica_hashes = [
+        hash_reply(raw)
+        for (raw,) in reader.read_many(
+            [(keys.replica_stats(rid), [("HGETALL", keys.replica_stats(rid))]) for rid, _ in live],
+            {},
+        )
+    ]
+    firsts = _scored(first_due)
+    oldest_due = firsts[0][1] if firsts and firsts[0][1] <= at else None
     return Frame(
         namespace=keys.namespace,
         at=at,
-        in_flight=in_flight,
-        steps_due=due,
+        in_flight=int(in_flight),
+        steps_due=int(due),
         oldest_due=oldest_due,
         replicas=[
             stats.parse_replica(rid, beat, raw)
             for (rid, beat), raw in zip(live, replica_hashes, strict=True)
         ],
-        silent=registered - len(live),
+        silent=int(registered) - len(live),
         last_minute=stats.last_minute(
-            stats.parse_counts(current), stats.parse_counts(previous), at
+            stats.parse_counts(hash_reply(current)), stats.parse_counts(hash_reply(previous)), at
         ),
-        server=server_stats(client),
+        server=server_stats(reader),
     )
 
 
-def server_stats(client: Any) -> ServerStats | None:
-    """Used memory and ops/s, summed over a cluster's masters."""
-    try:
-        if isinstance(client, RedisCluster):
-            nodes = RedisCluster.PRIMARIES
-            memory = list(client.info("memory", target_nodes=nodes).values())
-            ops = list(client.info("stats", target_nodes=nodes).values())
-        else:
-            memory, ops = [client.info("memory")], [client.info("stats")]
-    except redis.ResponseError:
+def _scored(reply: list[Any]) -> list[tuple[bytes, float]]:
+    """A WITHSCORES reply as (member, score) pairs: flat in RESP2, paired in RESP3."""
+    if reply and isinstance(reply[0], list):
+        return [(member, float(score)) for member, score in reply]
+    return [(m, float(s)) for m, s in zip(reply[::2], reply[1::2], strict=True)]
+
+
+def server_stats(reader: NamespaceReader) -> ServerStats | None:
+    """Used memory and ops/s, summed over a cluster's masters; None if INFO is refused."""
+    infos = [reader.server_info(node, ["memory", "stats"]) for node in reader.nodes()]
+    if not all(infos):
         return None
     return ServerStats(
-        used_memory=sum(int(info.get("used_memory", 0)) for info in memory),
-        ops_per_sec=sum(int(info.get("instantaneous_ops_per_sec", 0)) for info in ops),
-        nodes=len(memory),
+        used_memory=sum(int(info.get("used_memory", 0)) for info in infos),
+        ops_per_sec=sum(int(info.get("instantaneous_ops_per_sec", 0)) for info in infos),
+        nodes=len(infos),
     )
 
 
@@ -278,10 +292,9 @@ def run(args: argparse.Namespace) -> int:
     keys = KeySpace(args.namespace)
     client = cli.make_client(args)
     try:
-        with redis_errors():
-            if not args.once:
-                return watch(lambda: sample(client, keys, now(), args.within), args)
-            frame = sample(client, keys, now(), args.within)
+        if not args.once:
+            return watch(lambda: sample(client, keys, now(), args.within), args)
+        frame = sample(client, keys, now(), args.within)
         if args.json:
             encoded = msgspec.json.encode(to_json(frame))
             print(msgspec.json.format(encoded, indent=2).decode())

@@ -11,4 +11,6 @@ sync and async stores run the same operations on their own executors (``store.io
     reports     worker-graph rank reports and the advance to the next pass
     merges      merge_publish_info, server-side or optimistic
     leases      claim, release, renew, schedule, due steps
+    replicas    heartbeats of the conductor replicas
+    scan        reads of the tools that walk a namespace (migrate, top, history)
 """

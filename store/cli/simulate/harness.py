@@ -15,19 +15,19 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import redis
+from redis.exceptions import RedisClusterException
 
+from store.cli import main as cli
 from store.cli.simulate import model
 from store.cli.simulate.fleet import Delivery, Fleet, FleetCounters
 from store.cli.simulate.progress import Progress
 from store.cli.simulate.reference import differences, fakeredis_with_lua, reference_run
 from store.cli.simulate.replica import TIMED_OPERATIONS, ReplicaStats, Timing
-from store.errors import ConfigurationError, StoreConnectionError
+from store.errors import ConfigurationError
 from store.io.connect import client_from_url, redacted
 from store.keys import KeySpace
 from store.replicas import ReplicaRegistry
 from store.store import RequestStore
-
-CONNECT_TIMEOUT = 5.0
 
 
 def default_namespace() -> str:
@@ -226,11 +226,11 @@ def summary_lines(result: SimulationResult) -> list[str]:
 def _redis(url: str | None, out: TextIO) -> Iterator[tuple[str, Any]]:
     """The Redis the replicas share: ``url``, or an embedded fakeredis TCP server."""
     if url is not None:
-        client = client_from_url(url, socket_connect_timeout=CONNECT_TIMEOUT)
+        client = cli.connect(url)
         try:
             client.ping()
-        except redis.RedisError as e:
-            raise StoreConnectionError(f"Redis unreachable at {redacted(url)}: {e}") from e
+        except (redis.RedisError, RedisClusterException) as e:
+            raise cli.as_store_error(e, url) from e
         try:
             yield url, client
         finally:

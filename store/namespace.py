@@ -1,0 +1,54 @@
+"""``NamespaceReader``: a namespace as the operators' tools read it (operations in store.ops.scan).
+
+``mstar-store migrate``, ``top`` and ``history`` walk a namespace rather than a request;
+they read through this facade so that every failure is the store's typed error, whatever
+the topology.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from redis.cluster import RedisCluster
+
+from store.facade import Facade, sync_method
+from store.io.sync import SyncExecutor
+from store.ops import scan
+from store.ops.calls import DEFAULT_RECONNECT, Reconnect
+from store.ops.core import Core, Settings
+from store.ops.effects import Op
+from store.ops.scan import Node
+
+T = TypeVar("T")
+
+
+class NamespaceReader(Facade):
+    """Reads over one namespace of a redis-py client (single server, Sentinel or Cluster)."""
+
+    def __init__(
+        self, client: Any, *, namespace: str = "mstar", reconnect: Reconnect | None = None
+    ) -> None:
+        self._core = Core(Settings(namespace=namespace, reconnect=reconnect or DEFAULT_RECONNECT))
+        self._executor = SyncExecutor(client)
+        self.client = client
+        self.keys = self._core.keys
+        self.reconnect = self._core.reconnect
+
+    def nodes(self) -> list[Node]:
+        """The servers a scan of every key must visit: a cluster's masters, or the one."""
+        if isinstance(self.client, RedisCluster):
+            primaries = self.client.get_primaries()  # type: ignore[no-untyped-call]
+            return [(node.host, node.port) for node in primaries]
+        return [None]
+
+    def run(self, op: Op[T]) -> T:
+        """Run an operation built outside this facade (``store.upgrade.upgrade_stored``)."""
+        result: T = self._executor.run(op)
+        return result
+
+    index_size = sync_method(scan.index_size)
+    zset_page = sync_method(scan.zset_page)
+    key_page = sync_method(scan.key_page)
+    read_many = sync_method(scan.read_many)
+    history_page = sync_method(scan.history_page)
+    server_info = sync_method(scan.server_info)
