@@ -82,9 +82,7 @@ FAILURES = [
             "does it monitor 'nosuch'", lambda s: f"127.0.0.1:{s.sentinel.port}"),
     Failure("sentinel URL at a plain server",
             lambda s: f"redis+sentinel://127.0.0.1:{s.plain.port}/mymaster",
-            "is no Sentinel", lambda s: f"127.0.0.1:{s.plain.port}",
-            gap="store.io.wire: a Sentinel's ResponseError (unknown command 'SENTINEL') is "
-                "mapped to a bare StoreError naming 'sentinel service', not the address"),
+            "is no Sentinel", lambda s: f"127.0.0.1:{s.plain.port}"),
     Failure("not Redis", lambda s: f"redis://127.0.0.1:{s.garbage.port}/0",
             "is that address a Redis server", lambda s: f"127.0.0.1:{s.garbage.port}"),
     Failure("password missing", lambda s: f"redis://127.0.0.1:{s.locked.port}/0",

@@ -166,7 +166,7 @@ class AsyncExecutor:
                 self._ready = True
             found = client.get_node(node[0], node[1]) if node else client.get_node_from_key(key)
         except Exception as e:
-            _raise_mapped(e, "Redis Cluster")
+            _raise_mapped(e, "cluster " + ",".join(client.nodes_manager.startup_nodes))
         if found is None:
             raise Disconnected(f"cluster node {node or key!r} is not known yet")
         return _Endpoint(f"{found.host}:{found.port}", node=found)

@@ -24,10 +24,12 @@ import redis.asyncio.retry
 import redis.asyncio.sentinel
 from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from store.errors import ConfigurationError, StoreConnectionError
+from store.errors import ConfigurationError
+from store.io.wire import cluster_failure
 
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")
 CONNECT_TIMEOUT = 2.0
@@ -118,11 +120,9 @@ def client_from_url(url: str, **kwargs: Any) -> Any:
         nodes = [ClusterNode(h, p) for h, p in spec.hosts]  # type: ignore[no-untyped-call]
         try:
             return RedisCluster(startup_nodes=nodes, **auth, **options)
-        except redis.RedisError as e:  # a cluster client connects as it is built
-            raise StoreConnectionError(
-                f"Redis Cluster unreachable at {redacted(url)}: {e}; is every node up, and "
-                "is it a cluster (cluster-enabled yes)?"
-            ) from e
+        # A cluster client connects as it is built; RedisClusterException is no RedisError.
+        except (redis.RedisError, RedisClusterException) as e:
+            raise cluster_failure(e, redacted(url)) from e
     try:
         return redis.Redis.from_url(url, **options)
     except ValueError as e:  # redis-py rejects a malformed URL with a bare ValueError

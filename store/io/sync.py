@@ -144,7 +144,7 @@ class SyncExecutor:
             else:
                 found = client.get_node_from_key(key)
         except Exception as e:
-            _raise_mapped(e, "Redis Cluster")
+            _raise_mapped(e, "cluster " + ",".join(client.nodes_manager.startup_nodes))
         if found is None or found.redis_connection is None:
             raise Disconnected(f"cluster node {node or key!r} is not known yet")
         return _Endpoint(found.redis_connection.connection_pool, f"{found.host}:{found.port}")

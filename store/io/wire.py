@@ -8,6 +8,7 @@ read the raw replies: bytes, ints and lists, with error replies turned into valu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -60,7 +61,11 @@ def server_address(pool: Any) -> str:
         return f"unix://{kwargs['path']}"
     service = getattr(pool, "service_name", None)
     if service:
-        return f"sentinel service {service!r}"
+        sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", ())
+        hosts = ",".join(
+            "{host}:{port}".format(**s.connection_pool.connection_kwargs) for s in sentinels
+        )
+        return f"sentinel service {service!r}" + (f" at {hosts}" if hosts else "")
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
 
 
@@ -104,6 +109,16 @@ def reply_value(reply: Any, command: Command) -> Any:
     return reply
 
 
+def cluster_failure(error: BaseException, where: str) -> StoreError:
+    """A cluster client that could not learn the cluster: not one, or no node answers."""
+    reason = str(error).rpartition(": ")[2] or type(error).__name__
+    if "cluster mode is not enabled" in reason.lower():
+        return ConfigurationError(
+            f"{where} is no Redis Cluster ({reason}); use redis:// for a single server"
+        )
+    return StoreConnectionError(f"Redis Cluster unreachable at {where}: {reason}")
+
+
 def io_failure(error: BaseException, where: str) -> BaseException:
     """What a redis-py exception met while sending or reading becomes.
 
@@ -113,8 +128,9 @@ def io_failure(error: BaseException, where: str) -> BaseException:
     ``StoreError`` at once, naming the server and what to check.
     """
     if isinstance(error, (rex.AuthenticationError, rex.AuthorizationError)):
+        said = re.split(r"[,;]", str(error), maxsplit=1)[0]  # redis-py 8's HELLO text runs on
         return ConfigurationError(
-            f"Redis at {where} refused the credentials: {error}; check the password or "
+            f"Redis at {where} refused the credentials ({said}); check the password or "
             "ACL user in the URL"
         )
     if isinstance(error, rex.MaxConnectionsError):  # a pool shared with others: wait
@@ -129,7 +145,12 @@ def io_failure(error: BaseException, where: str) -> BaseException:
             "address a Redis server, and is TLS (rediss://) needed?"
         )
     if isinstance(error, rex.RedisClusterException):
-        return StoreConnectionError(f"Redis Cluster at {where}: {error}")
+        return cluster_failure(error, where)
+    if isinstance(error, rex.ResponseError) and "unknown command 'SENTINEL'" in str(error):
+        return ConfigurationError(
+            f"{where}: a host of the URL is no Sentinel (it does not know SENTINEL); a "
+            "redis+sentinel:// URL names the Sentinels, not the master"
+        )
     if isinstance(error, redis.RedisError):
         return StoreError(f"Redis at {where}: {type(error).__name__}: {error}")
     return error

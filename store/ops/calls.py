@@ -203,11 +203,15 @@ def script(
             sends = [Send(keys[0], commands)]
             sends += [Send(c.keys[0], [c.command(scripts)]) for c in alongside]
             replies, *others = yield SendMany(sends)
-            for other, reply in zip(alongside, others, strict=True):
-                if isinstance(reply, list) and _noscript(reply[0]):
-                    yield SendMany([Send(other.keys[0], [other.command(scripts, True)])])
             if isinstance(replies, Disconnected) or _redirect_or_pause(replies) is not None:
                 replies = yield from send(keys[0], commands, where, reconnect)
+            again = [
+                Send(other.keys[0], [other.command(scripts, loaded=isinstance(reply, list))])
+                for other, reply in zip(alongside, others, strict=True)
+                if not isinstance(reply, list) or _noscript(reply[0]) or needs_resend(reply)
+            ]
+            if again:  # once more, now that the server answers; still not waited on twice
+                yield SendMany(again)
         else:
             replies = yield from send(keys[0], commands, where, reconnect)
         if reads:

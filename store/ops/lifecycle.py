@@ -193,6 +193,9 @@ def _delete(core: Core, rid: str, fence: Lease | None, *, guarded: bool) -> Op[b
     else:
         raise StoreError("the request's topology keeps changing under the delete", **where)
     core.forget(rid)
+    # GONE after a topology was read: deleted meanwhile, or by this very call's first try
+    # (its reply lost): either way it was held when the call began.
+    held = status[0] == b"OK" or (status[0] == b"GONE" and bool(partitions))
     cleanup: list[Send] = [
         Send(keys.index, [("ZREM", keys.index, rid)]),
         Send(keys.finished, [("ZREM", keys.finished, rid)]),
@@ -202,7 +205,7 @@ def _delete(core: Core, rid: str, fence: Lease | None, *, guarded: bool) -> Op[b
         hint = ScriptCall("hint", [keys.deadlines], ["REM", 0, *members])
         cleanup.append(Send(keys.deadlines, [hint.command(core.scripts)]))
     yield from core.send_all(cleanup, where)
-    return bool(status[0] == b"OK")
+    return held
 
 
 def finish_request(
