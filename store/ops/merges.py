@@ -106,22 +106,27 @@ def _merge_optimistic(
     meta, part = keys.meta(rid), keys.partition(rid, name)
     pub, ops = keys.publish_info(rid, name), keys.ops(rid)
     claim, token = keys.merging(rid, name), core.new_op_id()
-    claimed = False
+    own_claim = token.encode()
+    claimed = False  # this merge took the claim at least once (it deletes it when done)
+    queued = False  # lost enough rounds to commit only while holding the claim
+    seen_claim: bytes | None = None  # the claim as the last read saw it
     now, window_seconds = window(core)
     where = {"request_id": rid, "key": pub}
 
     def on_retry(failed: int) -> Op[None]:
         # Server-side merges commit far faster than a read-merge-write round, and many
         # optimistic merges on one partition keep invalidating each other: after a few
-        # lost rounds, take the partition's claim (for at most CLAIM_MS). While it is held,
-        # server-side merges and other optimistic merges step aside, so this one gets
-        # through; the claims pass from one starved merge to the next.
-        nonlocal claimed
-        if failed >= CLAIM_AFTER and not claimed:
+        # lost rounds, a merge queues for the partition's claim (held for at most CLAIM_MS)
+        # and commits only while it holds it. While it is held, server-side merges and
+        # the other optimistic merges step aside, so the claim passes from one starved
+        # merge to the next instead of all of them racing whenever it is free.
+        nonlocal claimed, queued
+        if failed >= CLAIM_AFTER and seen_claim != own_claim:
+            queued = True
             (took,) = yield from core.send(
                 claim, [("SET", claim, token, "NX", "PX", CLAIM_MS)], where
             )
-            claimed = took is not None
+            claimed = claimed or took is not None
 
     reads: list[Command] = [
         ("HGETALL", pub),
@@ -130,10 +135,11 @@ def _merge_optimistic(
         ("ZSCORE", ops, op),
         ("GET", claim),
     ]
-    own_claim = token.encode()
 
     def body(replies: list[Any]) -> Plan[dict[str, PublishedInfo]]:
+        nonlocal seen_claim
         flat, version, request_held, seen, claimer = replies
+        seen_claim = claimer
         if version is None:
             if not request_held:
                 raise RequestNotFound("no such request", request_id=rid)
@@ -143,8 +149,8 @@ def _merge_optimistic(
         merged = core.published.decode(held_fields, labels, request_id=rid, key=pub)
         if seen is not None:  # this very merge committed before a lost reply
             return Plan([], merged)
-        if claimer is not None and claimer != own_claim:
-            return Plan(step_aside=True)
+        if claimer != own_claim and (claimer is not None or queued):
+            return Plan(step_aside=True)  # another merge holds the claim, or this one waits
         for label in labels:
             held_info = merged.get(label)
             if held_info is None:

@@ -64,21 +64,22 @@ def optimistic(
     All keys must share one hash slot. Raises ``TransactionConflictError`` when
     ``policy.max_attempts`` tries met a concurrent writer (or the body kept stepping aside
     for ``policy.max_wait`` seconds), ``StoreConnectionError`` when Redis stayed
-    unreachable; either way nothing of a failed try was written. ``on_retry(conflicts)``
+    unreachable; either way nothing of a failed try was written. ``on_retry(failed)``
     runs before each retry. A body that returns ``Plan(step_aside=True)`` waits for another
     writer: that try is not counted as a conflict.
     """
     patience = reconnect.patience()
     waiting = Reconnect(give_up_after=policy.max_wait).patience()
     conflicts = 0
+    asides = 0  # tries that stepped aside for another writer
     tries = 0  # reads that could have committed (stepping aside is not a try)
     started = False
     while True:
         if started:
             log.debug("transaction on %s retried after %d conflicts", watch[0], conflicts)
             if on_retry is not None:
-                yield from on_retry(conflicts)
-            yield Sleep(policy.delay(max(1, conflicts)))
+                yield from on_retry(conflicts + asides)
+            yield Sleep(policy.delay(max(1, conflicts + asides)))
         started = True
         tries += 1
         try:
@@ -97,6 +98,7 @@ def optimistic(
             if plan.step_aside:
                 yield Unwatch()
                 tries -= 1
+                asides += 1
                 if waiting.next_pause() is None:
                     raise TransactionConflictError(conflicts + 1, **where)
                 continue
