@@ -91,7 +91,7 @@ def run(args: argparse.Namespace, scenarios: list[Scenario], log: Any) -> tuple[
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mstar-bench-")))
         tree = Tree("none", skipped="not selected")
-        if any(s.name == "legacy" for s in scenarios):
+        if any("legacy" in s.trees for s in scenarios):
             tree = _legacy_tree(stack, args.legacy, log)
         url = args.redis_url
         if url is None:

@@ -52,6 +52,7 @@ __all__ = [
     "Spec",
     "Verify",
     "Worker",
+    "fastest_ratio",
     "figure",
     "ratio_check",
     "summarize",
@@ -139,7 +140,11 @@ def summarize(section: str, case: Case, results: list[dict[str, Any]]) -> Row:
         "committed": committed,
         "outcomes": dict(outcomes),
         "slice_p50_us": [percentile(sorted(s), 0.5) / 1e3 for _, s in sorted(per_slice.items())],
+        # the client's CPU per call: process time over the timed loops, every process
+        "client_cpu_us": sum(r.get("cpu", 0.0) for r in results) / calls * 1e6,
     }
+    if counters:
+        row.details["counters"] = dict(counters)
     row.notes = "; ".join(f"{n} {what}" for what, n in sorted(outcomes.items()))
     return row
 
@@ -346,11 +351,29 @@ class Bench:
 
 @dataclass
 class Check:
-    """One target of the run, ``met`` or not (None: not measured), with what was measured."""
+    """One target of the run, ``met`` or not (None: not measured), with what was measured;
+    ``info``: a figure shown beside the targets, with none of its own."""
 
     target: str
     met: bool | None
     measured: str
+    info: bool = False
+
+
+def fastest_ratio(current: Row, legacy: Row) -> tuple[float, float, float]:
+    """current/legacy (or any row over the row it is compared with) of the two rows'
+    fastest turn p50s, and those p50s (µs).
+
+    This machine's loopback has two states, by where the scheduler puts the client: on the
+    redis-server's core a PING takes 25 µs, on the other one about 100 µs (measured with
+    taskset). Both trees meet both states, turn by turn, in no fixed proportion, so the
+    whole-row p50s of the same code differed up to 2.5x between runs; the fastest of each
+    row's turns (``harness.TURNS`` per slice, each of over a thousand calls) measures both
+    in the same state, as the codec rows take their fastest batch.
+    """
+    fast_current = min(current.details["slice_p50_us"])
+    fast_legacy = min(legacy.details["slice_p50_us"])
+    return fast_current / fast_legacy, fast_current, fast_legacy
 
 
 def figure(row: Row | None, name: str) -> float | None:
@@ -382,3 +405,4 @@ class Scenario:
     measure: Callable[[Bench], None] | None = None  # rows measured on their own, after it
     checks: Callable[[list[Row], Bench], list[Check]] | None = None
     title: str | Callable[[Bench], str] = "Targets (issue 5)"  # heading of its checks
+    trees: Sequence[str] = ()  # other trees its rows run on ("legacy": a --legacy worktree)

@@ -156,7 +156,10 @@ def render(
             continue
         lines += ["", f"{title}:"]
         for check in group:
-            state = "n/a" if check.met is None else ("met" if check.met else "NOT met")
+            if check.info:
+                state = "info"
+            else:
+                state = "n/a" if check.met is None else ("met" if check.met else "NOT met")
             lines.append(f"  [{state:^7}] {check.target}: {check.measured}")
     if skipped:
         lines.append("")

@@ -137,6 +137,49 @@ def request_shape(*, with_kv: bool) -> RequestShape:
     )
 
 
+# -- the 2-rank forward pass of the fast-path scenarios (the simulation's "tts" model) ----
+
+PASS_WG = "llm-tp2"  # as store/cli/simulate/model.py: an LLM partition, tensor parallel 2
+PASS_RANKS = 2
+PASS_PAGES = 16  # KV pages each rank publishes per pass
+PAGE_SIZE = 16
+
+
+def rank_kv(rank: int, pages: int = PASS_PAGES) -> PublishedKVInfo:
+    """What one rank of the LLM publishes after a pass: its own KV shard."""
+    shard = KVSequenceInfo(
+        seq_len=pages * PAGE_SIZE,
+        latest_kv_transfer_info={"host": "10.0.3.17", "port": 18515, "rank": rank},
+        page_indices=[rank * 1000 + page for page in range(pages)],
+    )
+    return PublishedKVInfo(info={rank: {HOT: shard}}, world_size=PASS_RANKS)
+
+
+def pass_request() -> RequestShape:
+    """A request as the simulation ingests a "tts" one: the LLM (2 ranks) streaming to an
+    audio codec (1 rank), a sampler config, and no published info yet."""
+    sampling = SamplingReqConfig(temperature=0.7, top_p=0.95)
+    sampling.apply_conductor_config(seed=1234)
+    prefill = CurrentForwardConductorMetadata(graph_walk="prefill", is_prefill=True)
+    llm = PartitionState(HOT, prefill, random_seed=1234, current_worker_graph_ids={PASS_WG})
+    codec = PartitionState(
+        "codec",
+        CurrentForwardConductorMetadata(graph_walk="audio_decode", is_prefill=False),
+        random_seed=1234,
+        current_worker_graph_ids={"codec-wg"},
+    )
+    return RequestShape(
+        partitions={HOT: llm, "codec": codec},
+        connections={"llm->codec": StreamingConnectionState(HOT, "codec", "llm->codec")},
+        max_output_tokens=4096,
+        resource_configs={"sampler": sampling},
+        partition_definitions={
+            HOT: PartitionDefinition(HOT, {"prefill", "decode"}, "prefill"),
+            "codec": PartitionDefinition("codec", {"audio_decode"}, "audio_decode", [HOT]),
+        },
+    )
+
+
 def naive_request(rid: str) -> dict[str, Any]:
     """The naive design's value: the whole request as one picklable dict."""
     shape = request_shape(with_kv=True)

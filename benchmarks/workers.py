@@ -185,18 +185,32 @@ def _merge_counts(stats: Any) -> tuple[int, int]:
     return stats.transactions + server, stats.attempts + server
 
 
-def worker_main(conn: Any, index: int, path_first: str | None) -> None:
+def run_prelude(prelude: str) -> None:
+    """Call ``"module:function"``: what a pool sets up before anything imports the store."""
+    module, _, name = prelude.partition(":")
+    getattr(importlib.import_module(module), name)()
+
+
+def worker_main(conn: Any, index: int, path_first: str | None, prelude: str | None = None) -> None:
     """A pool process: run each slice it is sent, after the start signal, and send back samples.
 
     What a case opened (connection, store, the operation's state) is kept for its later
-    slices, so a slice pays neither for connecting nor for warming up.
+    slices, so a slice pays neither for connecting nor for warming up. The process CPU time
+    of each slice goes back with it (``cpu``: the timed loop and its clock reads, as spent
+    by this process alone).
     """
+    early = sorted(m for m in ("store", "mstar") if m in sys.modules)
+    if early and (path_first is not None or prelude is not None):
+        conn.send(("up", f"{early} imported before the pool's setup"))
+        return
     if path_first is not None:
-        early = sorted(m for m in ("store", "mstar") if m in sys.modules)
-        if early:
-            conn.send(("up", f"{early} imported before sys.path was set"))
-            return
         sys.path.insert(0, path_first)
+    if prelude is not None:
+        try:
+            run_prelude(prelude)
+        except Exception as e:
+            conn.send(("up", f"prelude {prelude}: {type(e).__name__}: {e}"))
+            return
     conn.send(("up", None))
     opened: dict[tuple[Any, ...], tuple[Worker, Driver]] = {}
     try:
@@ -221,12 +235,15 @@ def worker_main(conn: Any, index: int, path_first: str | None) -> None:
                 if start_at is None:  # another process failed to set up: no run
                     conn.send(("aborted", None))
                     continue
+                cpu = time.process_time()
                 latencies, outcomes, elapsed = driver.run(case.duration, start_at)
+                cpu = time.process_time() - cpu
                 after = _merge_counts(stats)
                 result = {
                     "latencies": latencies.tobytes(),
                     "outcomes": dict(outcomes),
                     "elapsed": elapsed,
+                    "cpu": cpu,
                     "counters": dict(w.counters),
                     "transactions": after[0] - before[0],
                     "attempts": after[1] - before[1],
@@ -248,17 +265,21 @@ class Pool:
     """Spawned processes kept for the whole run, so no row pays for starting Python.
 
     ``path_first``: a source tree put first on the workers' ``sys.path``, so they import
-    that tree's ``store`` and ``mstar`` instead of the current ones.
+    that tree's ``store`` and ``mstar`` instead of the current ones. ``prelude``:
+    ``"module:function"`` each worker calls first, before anything imports the store (to
+    hide an optional package, or set global providers).
     """
 
-    def __init__(self, size: int, path_first: Path | None = None) -> None:
+    def __init__(
+        self, size: int, path_first: Path | None = None, prelude: str | None = None
+    ) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.pipes: list[Any] = []
         self.procs: list[Any] = []
         first = None if path_first is None else str(path_first)
         for index in range(size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(child, index, first), daemon=True)
+            proc = ctx.Process(target=worker_main, args=(child, index, first, prelude), daemon=True)
             proc.start()
             self.pipes.append(parent)
             self.procs.append(proc)

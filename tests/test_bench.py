@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from typing import Any
+
+import fakeredis
 import pytest
 import redis
 
-from benchmarks import report, stalls
-from benchmarks.harness import REFERENCE_KEY, Bench, Pool, Row, Spec, arrange
-from benchmarks.scenarios import aio, baseline, store_ops
-from benchmarks.scenarios.legacy import fastest_ratio
+from benchmarks import report, server, stalls, wire
+from benchmarks.harness import REFERENCE_KEY, Bench, Check, Pool, Row, Spec, arrange, fastest_ratio
+from benchmarks.scenarios import aio, baseline, fastpath, store_ops
+from store import RequestStore
+from store.ops.effects import Commit, Disconnected, Send, SendMany, Sleep, Watch
 from tests.conftest import redis_url_for_tests
 
 
@@ -48,23 +53,119 @@ def test_commands_are_read_back_from_what_redis_py_writes() -> None:
     packed = connection.pack_commands(
         [("EVALSHA", "ab12", 2, "k1", "k2", 7, b"\x00\r\n"), ("PING",)]
     )
-    commands = aio.parse_commands(b"".join(bytes(chunk) for chunk in packed))
+    commands = wire.parse_commands(b"".join(bytes(chunk) for chunk in packed))
     assert commands == [[b"EVALSHA", b"ab12", b"2", b"k1", b"k2", b"7", b"\x00\r\n"], [b"PING"]]
 
 
-@pytest.mark.real
-def test_the_harness_measures_rows_with_ordered_percentiles(real_redis_error: str | None) -> None:
-    if real_redis_error is not None:
-        pytest.skip(real_redis_error)
-    pool = Pool(2)
+def test_commands_queued_in_a_transaction_are_not_sent_at_top_level() -> None:
+    sent = [
+        [b"EVALSHA", b"ab12", b"1", b"k"],
+        [b"MULTI"],
+        [b"EVALSHA", b"cd34", b"1", b"k"],
+        [b"HGETALL", b"k"],
+        [b"EXEC"],
+        [b"zadd", b"d", b"1", b"m"],
+    ]
+    # Run by the server under EXEC, the queued EVALSHA and HGETALL are counted there.
+    assert wire.top_level(sent) == {"evalsha": 1, "multi": 1, "exec": 1, "zadd": 1}
+
+
+def test_round_trips_count_a_send_many_once_per_server() -> None:
+    one, other = Send("a", [("PING",)]), Send("b", [("PING",)], node=("10.0.0.2", 6379))
+    assert wire.round_trips([one, Sleep(0.1), SendMany([one, one])]) == 2  # one server
+    assert wire.round_trips([SendMany([one, other])]) == 2  # two servers: two writes
+    assert wire.round_trips([Watch("a", [("WATCH", "a")]), Commit([("EXEC",)])]) == 2
+
+
+def test_the_effect_tap_keeps_effects_and_passes_replies_and_errors_through() -> None:
+    server = fakeredis.FakeServer()
+    store = RequestStore(fakeredis.FakeRedis(server=server), namespace="tap")
+    executor = store._executor
+    tap = wire.tap_effects(store)
+    assert tap is not None and store._executor is tap and tap.inner is executor
+
+    def op() -> Generator[Any, Any, tuple[Any, str]]:
+        both = yield SendMany([Send("k", [("PING",)]), Send("k", [("ECHO", "x")])])
+        server.connected = False  # the next send meets a lost connection, thrown in
+        try:
+            yield Send("k", [("PING",)])
+        except Disconnected as e:
+            return both, type(e).__name__
+        return both, "no error"
+
+    assert tap.run(op()) == ([[b"PONG"], [b"x"]], "Disconnected")
+    assert [type(e).__name__ for e in tap.effects] == ["SendMany", "Send"]
+    assert tap.trips == 2  # the SendMany reaches one server: one round trip, and the Send
+    assert wire.tap_effects(object()) is None  # a store with no executor (an older tree)
+
+
+def test_commandstats_count_script_calls_once_and_shared_names_by_share() -> None:
+    before = server.parse_info(
+        {"used_cpu_sys": 1.0, "used_cpu_user": 2.0, "cmdstat_evalsha": {"calls": 5, "usec": 50}}
+    )
+    after = server.parse_info(
+        {
+            "used_cpu_sys": 1.0004,
+            "used_cpu_user": 2.0006,
+            "cmdstat_evalsha": {"calls": 15, "usec": 650},  # 10 scripts: 600 µs in all
+            "cmdstat_hset": {"calls": 30, "usec": 90},  # inside the scripts only
+            "cmdstat_zadd": {"calls": 40, "usec": 80},  # 10 sent, 30 from scripts
+        }
+    )
+    moved = server.difference(before, after)
+    assert moved["calls:evalsha"] == 10 and moved["cpu_us"] == 1000
+    # Per call of 10: the scripts' 60 µs (their HSETs not again), 10 of 40 ZADDs at 2 µs.
+    figures = server.per_call(moved, {"evalsha": 1, "zadd": 1}, calls=10)
+    assert figures == pytest.approx({"cmdstat_us": 62.0, "cpu_us": 100.0})
+    assert server.top_level_usec(moved, {"ping": 3}) == 0.0  # never seen: nothing
+
+
+def test_fastpath_checks_read_the_per_pass_figures_against_the_targets() -> None:
+    def row(op: str, p50: float, **per_pass: float) -> Row:
+        made = Row("fastpath", op, 1, fastpath.TARGET, p50_us=p50)
+        made.details["per_pass"] = per_pass
+        return made
+
+    rows = [
+        row(fastpath.STEP, 150.0, rtt_wire=3, rtt_effects=3, cmdstat_us=90.0, cpu_us=150.0,
+            client_cpu_us=120.0),
+        row(fastpath.IN_REPORT, 90.0, rtt_wire=2, rtt_effects=2, cmdstat_us=80.0, cpu_us=95.0,
+            client_cpu_us=70.0),
+        row(fastpath.NO_HISTORY, 140.0, cmdstat_us=75.0, cpu_us=140.0),
+        row(fastpath.LEGACY, 400.0, rtt_wire=8, cmdstat_us=300.0, cpu_us=500.0),
+        row(fastpath.PINGS[1], 30.0, client_cpu_us=20.0),
+        row(fastpath.PINGS[2], 60.0, client_cpu_us=40.0),
+        row(fastpath.PINGS[3], 90.0, client_cpu_us=60.0),
+    ]  # fmt: skip
+    bench = Bench.__new__(Bench)
+    bench.own_server = True
+    got = {c.target: c for c in fastpath.checks(rows, bench)}
+    rtt = got[f"{fastpath.STEP}: round trips <= 3"]
+    assert rtt.met is True and "legacy 8" in rtt.measured
+    assert got[f"{fastpath.STEP}: p50 <= 4 PING p50s (same turns)"].met is False  # 5 PINGs
+    assert got[f"{fastpath.IN_REPORT}: p50 <= 4 PING p50s (same turns)"].met is True
+    cpu = got[f"{fastpath.STEP}: Redis server CPU per pass <= 100 µs"]
+    assert cpu.met is False and "0.30x" in cpu.measured  # 150 of the legacy's 500
+    client = [c for t, c in got.items() if t.startswith(f"{fastpath.STEP}: client CPU")]
+    assert client[0].met is False and "120 vs 60 µs of 3 PINGs" in client[0].measured
+    history = next(c for t, c in got.items() if t.startswith("history"))
+    assert history.met is False and history.measured.startswith("1.20x")  # 90 vs 75 µs
+    bench.own_server = False  # another server's clients count too: shown, never checked
+    shared = {c.target: c for c in fastpath.checks(rows, bench)}
+    assert shared[cpu.target].met is None and "shared server" in shared[cpu.target].measured
+
+
+def test_an_info_line_is_shown_as_info_not_as_a_target() -> None:
+    lines = report.render([], [("T", [Check("steps/s", None, "1.00x", info=True)])], {}, [], [])
+    assert "[ info  ] steps/s: 1.00x" in lines
+
+
+def _measure(specs: list[Spec], *, processes: int, rounds: int) -> tuple[list[Row], Row | None]:
+    """Rows measured on the test Redis at 0.2 s each, and the reference; no key left."""
+    pool = Pool(processes)
     bench = Bench(redis_url_for_tests(), own_server=False, quick=True, pools={"": pool})
     try:
-        specs = [
-            Spec("baseline", baseline.MODULE, "bare HSET", 2, "distinct"),
-            Spec("store", store_ops.MODULE, store_ops.REPORT, 1, "one", "", store_ops.prepare),
-            Spec("aio", aio.MODULE, aio.RAW, 1, "distinct", "", aio.prepare, requests=4, tasks=4),
-        ]
-        rows = bench.measure_group(specs, rounds=2, duration=0.2)
+        rows = bench.measure_group(specs, rounds=rounds, duration=0.2)
         reference = bench.finish()
     finally:
         left = list(bench.client.scan_iter(match=f"{bench.root}:*", count=1000))
@@ -72,6 +173,19 @@ def test_the_harness_measures_rows_with_ordered_percentiles(real_redis_error: st
         bench.client.close()
         pool.close()
     assert left == []  # every row deleted its keys
+    return rows, reference
+
+
+@pytest.mark.real
+def test_the_harness_measures_rows_with_ordered_percentiles(real_redis_error: str | None) -> None:
+    if real_redis_error is not None:
+        pytest.skip(real_redis_error)
+    specs = [
+        Spec("baseline", baseline.MODULE, "bare HSET", 2, "distinct"),
+        Spec("store", store_ops.MODULE, store_ops.REPORT, 1, "one", "", store_ops.prepare),
+        Spec("aio", aio.MODULE, aio.RAW, 1, "distinct", "", aio.prepare, requests=4, tasks=4),
+    ]
+    rows, reference = _measure(specs, processes=2, rounds=2)
     assert reference is not None and reference.key == REFERENCE_KEY
     assert len(reference.details["slice_p50_us"]) == 2  # one slice per round
     for row in [*rows, reference]:
@@ -82,7 +196,35 @@ def test_the_harness_measures_rows_with_ordered_percentiles(real_redis_error: st
     assert report_row.details["verified"] is True  # every applied report counted once
     assert raw_row.details["verified"] is True
     assert raw_row.details["info"]["captured"] == 4  # one real call per request captured
+    assert raw_row.details["info"]["sha_script"] == aio.REPORT_SCRIPT
     assert raw_row.details["outcomes"] == {}  # every raw EVALSHA applied
+    assert all(row.details["client_cpu_us"] > 0 for row in rows)
+
+
+@pytest.mark.real
+def test_fastpath_rows_count_round_trips_twice_and_the_servers_work(
+    real_redis_error: str | None,
+) -> None:
+    if real_redis_error is not None:
+        pytest.skip(real_redis_error)
+    specs = [
+        Spec("fastpath", fastpath.MODULE, op, 1, "one", "", fastpath.prepare)
+        for op in (fastpath.STEP, fastpath.IN_REPORT, fastpath.PINGS[2])
+    ]
+    rows, _ = _measure(specs, processes=1, rounds=1)
+    for row in rows:
+        fastpath.add_figures(row)
+        per_pass, counters = row.details["per_pass"], row.details["counters"]
+        assert counters["cpu_us"] > 0
+        if row.operation == fastpath.PINGS[2]:
+            assert counters["calls:ping"] >= 2 * row.details["calls"]  # the server saw them
+        else:
+            # The wire and the store's own effects agree on what a pass costs.
+            assert per_pass["rtt_wire"] == per_pass["rtt_effects"] > 0, row.operation
+            assert row.details["verified"] is True  # one pass per committed call
+            assert set(row.details["info"]["sent"]) == {"evalsha"}  # the client sends scripts
+            assert counters["calls:evalsha"] >= row.details["calls"] * 2
+            assert per_pass["cmdstat_us"] > 0
 
 
 def test_a_row_set_beside_another_runs_with_it() -> None:

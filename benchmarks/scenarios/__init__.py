@@ -19,6 +19,10 @@ MODULES = (
     "legacy",
     "codec",
     "aio",
+    "fastpath",
+    "batch",
+    "otel",
+    "inflight",
     "scale",  # last: it leaves up to 100,000 requests to free
 )
 

@@ -38,6 +38,7 @@ from benchmarks.harness import (
 from benchmarks.harness import ratio_check as ratio
 from benchmarks.scenarios import store_ops
 from benchmarks.shapes import HOT, HUGE_RANKS, WORKER_GRAPH
+from benchmarks.wire import Command, Recorded, recording_client
 from store import RequestStore
 
 MODULE = __name__
@@ -48,57 +49,19 @@ THREAD = "RequestStore.record_worker_report via to_thread"
 TARGET = f"{TASKS} in flight"
 MARK = 987_654_321_000  # a rank no other report uses: finds the rank among the arguments
 
-Command = list[bytes]
+REPORT_SCRIPT = "report"  # store/scripts/report.lua: what record_worker_report runs
 
 
-def parse_commands(data: bytes) -> list[Command]:
-    """The commands of a RESP request: arrays of bulk strings, as redis-py writes them."""
-    commands = []
-    i = 0
-    while i < len(data):
-        if data[i : i + 1] != b"*":
-            raise ValueError(f"not a RESP array at byte {i}: {data[i : i + 20]!r}")
-        end = data.index(b"\r\n", i)
-        count = int(data[i + 1 : end])
-        i = end + 2
-        command = []
-        for _ in range(count):
-            end = data.index(b"\r\n", i)
-            size = int(data[i + 1 : end])
-            command.append(data[end + 2 : end + 2 + size])
-            i = end + 2 + size + 2
-        commands.append(command)
-    return commands
-
-
-def _joined(packed: Any) -> bytes:
-    if isinstance(packed, (bytes, bytearray, memoryview)):
-        return bytes(packed)
-    return b"".join(bytes(chunk) for chunk in packed)
-
-
-def recording_client(url: str) -> tuple[redis.Redis, list[Command]]:
-    """A sync client that keeps every command it writes (whatever path the store sends by)."""
-    sent: list[Command] = []
-
-    class Recording(redis.Connection):
-        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-            sent.extend(parse_commands(_joined(command)))
-            super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
-
-    pool = redis.ConnectionPool.from_url(url, connection_class=Recording)
-    return redis.Redis(connection_pool=pool), sent
-
-
-def capture_report(store: Any, sent: list[Command], rid: str) -> tuple[Command, int]:
+def capture_report(store: Any, recorded: Recorded, rid: str) -> tuple[Command, int]:
     """The EVALSHA one ``record_worker_report`` sends for ``rid``, and where its rank is.
 
     The call is real: it applies one report (rank ``MARK``), which the row's check counts.
     """
-    del sent[:]
+    recorded.clear()
     store.record_worker_report(
         rid, HOT, fwd_pass=0, worker_graph_id=WORKER_GRAPH, rank=MARK, num_ranks=HUGE_RANKS
     )
+    sent = recorded.commands
     for command in sent:
         name = command[0].upper()
         if name in (b"EVALSHA", b"EVAL") and str(MARK).encode() in command:
@@ -112,21 +75,16 @@ def capture_report(store: Any, sent: list[Command], rid: str) -> tuple[Command, 
 
 def _raw(w: Worker) -> AsyncDriver:
     case, targets = w.case, w.case.targets_of(w.index)
-    sync, sent = recording_client(case.url)
+    sync, recorded = recording_client(case.url)
     store = RequestStore(sync, namespace=case.namespace)
-    captured = [capture_report(store, sent, rid) for rid in targets]
+    captured = [capture_report(store, recorded, rid) for rid in targets]
     sync.close()
     sha = captured[0][0][1].decode()
     w.info["captured"] = len(captured)
     w.info["sha"] = sha
     w.info["keys"] = int(captured[0][0][2])
     w.info["args"] = len(captured[0][0]) - 3 - int(captured[0][0][2])
-    try:
-        from store import scripts
-
-        w.info["sha_is_apply_report"] = sha == _digest(scripts.source("apply_report"))
-    except (ImportError, FileNotFoundError, AttributeError):
-        w.info["sha_is_apply_report"] = None
+    w.info["sha_script"] = script_of(sha)
     loop = asyncio.new_event_loop()
     client = redis.asyncio.Redis.from_url(case.url)
 
@@ -148,6 +106,22 @@ async def _all(calls: Iterable[Awaitable[Any]]) -> None:
 
 def _digest(source: str) -> str:
     return hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+
+
+def script_of(sha: str) -> str | None:
+    """The name of the store script whose digest is ``sha`` (None: none of them)."""
+    try:
+        from importlib import resources
+
+        from store import scripts
+    except ImportError:
+        return None
+    for entry in resources.files(scripts.__name__).iterdir():
+        name = entry.name.removesuffix(".lua")
+        is_script = entry.name.endswith(".lua") and not name.startswith("_")
+        if is_script and _digest(scripts.source(name)) == sha:
+            return name
+    return None
 
 
 def _async_store(w: Worker) -> AsyncDriver:
@@ -225,9 +199,12 @@ def measure(bench: Bench) -> None:
         row.target = TARGET
         if row.operation != RAW:
             row.baseline = f"{RAW}|1|{TARGET}"
-        sha = row.details.get("info", {}).get("sha_is_apply_report")
-        if sha is not None:
-            row.note("sha = apply_report.lua" if sha else "sha is NOT apply_report.lua's")
+        if row.operation == RAW:
+            script = row.details.get("info", {}).get("sha_script")
+            if script == REPORT_SCRIPT:
+                row.note(f"sha = {REPORT_SCRIPT}.lua")
+            else:
+                row.note(f"sha is NOT {REPORT_SCRIPT}.lua's (it is {script or 'no script'}'s)")
 
 
 def checks(rows: list[Row], bench: Bench) -> list[Check]:

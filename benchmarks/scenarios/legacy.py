@@ -6,7 +6,7 @@ store rows' own operations (scenarios/store_ops.py, which uses only the public A
 pool process whose ``sys.path`` starts with a temporary worktree of REV, so it imports that
 tree's ``store``. They join the interleaved table, each slice right after the current
 row's, in alternating turns, so the two trees meet the same load; the check compares their
-fastest turns (``fastest_ratio`` says why).
+fastest turns (``harness.fastest_ratio`` says why).
 Each legacy worker creates its own request (the parent only holds the current store).
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Bench, Case, Check, Row, Scenario, Spec, Verify
+from benchmarks.harness import Bench, Case, Check, Row, Scenario, Spec, Verify, fastest_ratio
 from benchmarks.scenarios import store_ops
 from benchmarks.scenarios.store_ops import MERGE, MERGE_NO_READ, REPORT
 
@@ -69,21 +69,6 @@ def table(bench: Bench) -> list[Spec]:
     ]
 
 
-def fastest_ratio(current: Row, legacy: Row) -> tuple[float, float, float]:
-    """current/legacy of the two rows' fastest turn p50s, and those p50s (µs).
-
-    This machine's loopback has two states, by where the scheduler puts the client: on the
-    redis-server's core a PING takes 25 µs, on the other one about 100 µs (measured with
-    taskset). Both trees meet both states, turn by turn, in no fixed proportion, so the
-    whole-row p50s of the same code differed up to 2.5x between runs; the fastest of each
-    row's turns (``harness.TURNS`` per slice, each of over a thousand calls) measures both
-    in the same state, as the codec rows take their fastest batch.
-    """
-    fast_current = min(current.details["slice_p50_us"])
-    fast_legacy = min(legacy.details["slice_p50_us"])
-    return fast_current / fast_legacy, fast_current, fast_legacy
-
-
 def _compare(text: str, current: Row, legacy: Row) -> Check:
     ratio, fast_current, fast_legacy = fastest_ratio(current, legacy)
     turns = len(current.details["slice_p50_us"])
@@ -122,4 +107,6 @@ def _title(bench: Bench) -> str:
     return f"Same-run legacy reference ({tree.get('rev', 'none')}, 1 process, uncontended)"
 
 
-SCENARIO = Scenario(TREE, order=(MERGE, REPORT), table=table, checks=checks, title=_title)
+SCENARIO = Scenario(
+    TREE, order=(MERGE, REPORT), table=table, checks=checks, title=_title, trees=(TREE,)
+)
