@@ -15,6 +15,7 @@ from store.codec import Codec
 from store.facade import async_method
 from store.io.aio import AsyncExecutor
 from store.io.connect import aclose_client, async_client_from_url
+from store.observe import Instruments
 from store.ops import fields, lifecycle, merges, reads, reports
 from store.ops import leases as lease_ops
 from store.ops.calls import Reconnect
@@ -41,6 +42,7 @@ class AsyncRequestStore(StoreSettings):
         topology_cache_size: int = 4096,
         reconnect: Reconnect | None = None,
         history_cap: int = 1000,
+        instruments: Instruments | None = None,
     ) -> None:
         self._executor = AsyncExecutor(client)
         self._core = Core(

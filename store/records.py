@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import msgspec
@@ -70,8 +72,9 @@ class ReportOutcome:
     also for a resent copy of it: a duplicate says what the first delivery did. When the
     report named its replica, ``lease`` is that replica's lease on the next step (also on a
     resend, while the lease is live) and ``partition`` the partition as stored right after
-    the report, publish info included, to plan the step from. With ``then_step`` the step
-    was taken in the same call: ``stepped_to`` is the new pass, and the lease has ended.
+    the report, publish info included, to plan the step from (decoded on first access: a
+    conductor that plans without it does not pay for it). With ``then_step`` the step was
+    taken in the same call: ``stepped_to`` is the new pass, and the lease has ended.
     """
 
     applied: bool
@@ -79,8 +82,13 @@ class ReportOutcome:
     worker_graph_complete: bool
     pass_complete: bool
     lease: Lease | None = None
-    partition: PartitionState | None = None
     stepped_to: int | None = None
+    stored: Callable[[], PartitionState] | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def partition(self) -> PartitionState | None:
+        """The partition as stored right after the report (with a lease only)."""
+        return None if self.stored is None else self.stored()
 
 
 @dataclass(frozen=True)

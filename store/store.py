@@ -39,6 +39,7 @@ from store.facade import Facade, sync_method
 from store.io.connect import client_from_url, close_client
 from store.io.sync import SyncExecutor
 from store.keys import KeySpace
+from store.observe import Instruments
 from store.ops import fields, lifecycle, merges, reads, reports
 from store.ops import leases as lease_ops
 from store.ops.calls import DEFAULT_RECONNECT, Reconnect
@@ -82,6 +83,7 @@ def settings_from(
     topology_cache_size: int,
     reconnect: Reconnect | None,
     history_cap: int = 1000,
+    instruments: Instruments | None = None,
 ) -> Settings:
     return Settings(
         namespace=namespace,
@@ -92,6 +94,7 @@ def settings_from(
         topology_cache_size=topology_cache_size,
         reconnect=reconnect or DEFAULT_RECONNECT,
         history_cap=history_cap,
+        instruments=instruments,
     )
 
 
@@ -115,6 +118,7 @@ class RequestStore(StoreSettings):
         topology_cache_size: int = 4096,
         reconnect: Reconnect | None = None,
         history_cap: int = 1000,
+        instruments: Instruments | None = None,
     ) -> None:
         self._executor = SyncExecutor(client)
         self._core = Core(

@@ -9,7 +9,9 @@ its operation ends without committing or unwatching.
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -63,13 +65,41 @@ def round_trip(conn: Any, commands: list[Command] | tuple[Command, ...] | Any) -
 
 
 class _Endpoint:
-    """A pool of connections to one server, and how to name that server in errors."""
+    """A pool of connections to one server, and how to name that server in errors.
 
-    __slots__ = ("address", "pool")
+    With ``keep``, connections given back stay with the endpoint (a free list) instead of
+    going back to redis-py's pool: taking one then costs no lock, no pid check and no
+    poll for stray data (the executor never gives back a connection that may hold a reply
+    unread: it closes it). After a fork the child starts a list of its own.
+    """
 
-    def __init__(self, pool: Any, address: str) -> None:
+    __slots__ = ("_free", "_pid", "address", "keep", "pool")
+
+    def __init__(self, pool: Any, address: str, *, keep: bool = False) -> None:
         self.pool = pool
         self.address = address
+        self.keep = keep
+        self._free: deque[Any] = deque()
+        self._pid = os.getpid()
+
+    def take(self) -> Any:
+        if self.keep:
+            if self._pid != os.getpid():  # forked: the parent's sockets are not ours
+                self._free, self._pid = deque(), os.getpid()
+            try:
+                return self._free.pop()
+            except IndexError:
+                pass
+        try:
+            return self.pool.get_connection()  # redis-py connects here
+        except Exception as e:
+            _raise_mapped(e, self.address)
+
+    def give_back(self, conn: Any) -> None:
+        if self.keep and self._pid == os.getpid() and conn.is_connected:
+            self._free.append(conn)
+        else:
+            self.pool.release(conn)
 
 
 class SyncExecutor:
@@ -80,7 +110,8 @@ class SyncExecutor:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
         if not self.cluster:
-            self._single = _Endpoint(client.connection_pool, server_address(client.connection_pool))
+            pool = client.connection_pool
+            self._single = _Endpoint(pool, server_address(pool), keep=True)
 
     def run(self, op: Op[T]) -> T:
         """Drive ``op`` to its result, performing each effect it yields."""
@@ -114,7 +145,7 @@ class SyncExecutor:
                                 )
                                 value = self._exchange(taken, commands)
                             finally:
-                                taken[0].pool.release(taken[1])
+                                taken[0].give_back(taken[1])
                     elif isinstance(effect, Sleep):
                         time.sleep(effect.seconds)
                         value = None
@@ -123,14 +154,14 @@ class SyncExecutor:
                         value = None
                 except Disconnected as e:
                     if held is not None:
-                        held[0].pool.release(held[1])  # closed by _exchange or never used
+                        held[0].give_back(held[1])  # closed by _exchange or never used
                         held = None
                     error = e
         finally:
             op.close()
             if held is not None:  # the operation ended with a WATCH pending: do not reuse
                 held[1].disconnect()
-                held[0].pool.release(held[1])
+                held[0].give_back(held[1])
 
     # -- connections ---------------------------------------------------------------------
 
@@ -154,11 +185,7 @@ class SyncExecutor:
 
     @staticmethod
     def _connect(endpoint: _Endpoint) -> tuple[_Endpoint, Any]:
-        try:
-            conn = endpoint.pool.get_connection()  # redis-py connects here
-        except Exception as e:
-            _raise_mapped(e, endpoint.address)
-        return endpoint, conn
+        return endpoint, endpoint.take()
 
     @staticmethod
     def _exchange(held: tuple[_Endpoint, Any], commands: Any) -> list[Any]:
@@ -175,7 +202,7 @@ class SyncExecutor:
         try:
             replies = self._exchange(held, with_asking(send.commands, send.asking))
         finally:
-            held[0].pool.release(held[1])
+            held[0].give_back(held[1])
         return replies[1:] if send.asking else replies
 
     def _send_many(self, sends: Sequence[Send]) -> list[Any]:
@@ -213,7 +240,7 @@ class SyncExecutor:
                         break
         finally:
             for endpoint, conn in taken:
-                endpoint.pool.release(conn)
+                endpoint.give_back(conn)
         return results
 
     def _refresh(self) -> None:

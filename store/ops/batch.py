@@ -28,12 +28,25 @@ def gather(ops: Sequence[Op[T]]) -> Op[list[T | StoreError]]:
     for i in range(len(ops)):
         _advance(ops, i, results, asks, None, None)
     while asks:
-        sends = [i for i, effect in asks.items() if isinstance(effect, Send)]
-        others = [i for i in asks if i not in sends]
+        # Every Send of this round, and the Sends of every SendMany, in one SendMany.
+        batched = [i for i, e in asks.items() if isinstance(e, (Send, SendMany))]
+        others = [i for i in asks if i not in batched]
         replies: dict[int, Any] = {}
-        if sends:
-            batch = yield SendMany([asks[i] for i in sends])  # type: ignore[misc]
-            replies.update(zip(sends, batch, strict=True))
+        if batched:
+            sends: list[Send] = []
+            spans = []
+            for i in batched:
+                effect = asks[i]
+                if isinstance(effect, SendMany):
+                    part = list(effect.sends)
+                else:
+                    assert isinstance(effect, Send)
+                    part = [effect]
+                spans.append((i, isinstance(effect, Send), len(sends), len(part)))
+                sends.extend(part)
+            batch = yield SendMany(sends)
+            for i, single, start, n in spans:
+                replies[i] = batch[start] if single else batch[start : start + n]
         for i in others:
             try:
                 replies[i] = yield asks[i]
@@ -41,7 +54,7 @@ def gather(ops: Sequence[Op[T]]) -> Op[list[T | StoreError]]:
                 replies[i] = e
         asks.clear()
         for i, reply in replies.items():
-            if isinstance(reply, Disconnected):
+            if isinstance(reply, Disconnected):  # a Send's own (a SendMany gets its list)
                 _advance(ops, i, results, asks, None, reply)
             else:
                 _advance(ops, i, results, asks, reply, None)

@@ -145,7 +145,16 @@ class Settings:
             raise ConfigurationError("history_cap must be an int >= 0 (0 turns history off)")
 
 
-SETTING_NAMES = ("codec", "retry", "dedupe_window", "lease_ttl", "topology_cache_size", "reconnect")
+SETTING_NAMES = (
+    "codec",
+    "retry",
+    "dedupe_window",
+    "lease_ttl",
+    "topology_cache_size",
+    "reconnect",
+    "history_cap",
+    "instruments",
+)
 
 
 class Core:

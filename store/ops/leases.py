@@ -91,8 +91,9 @@ def take_step(core: Core, lease: Lease, step: Step, *, check_in: float | None = 
     rid = lease.request_id
     key = core.keys.partition(rid, lease.partition)
     metadata, wgs = core.encode_step(rid, key, step.metadata, step.worker_graph_ids)
-    topology = yield from core.topology(rid)
-    conns = topology.outgoing(lease.partition) if step.done else ()
+    conns: tuple[str, ...] = ()
+    if step.done:  # a partition that finishes marks its outgoing streams done
+        conns = (yield from core.topology(rid)).outgoing(lease.partition)
     reply = yield from _step(core, lease, metadata, "1" if step.done else "0", check_in, wgs, conns)
     return int(reply[1])
 

@@ -170,7 +170,7 @@ def _delete(core: Core, rid: str, fence: Lease | None, *, guarded: bool) -> Op[b
     keys = core.keys
     where = {"request_id": rid}
     topology = core.cached_topology(rid)
-    for _ in range(2):
+    for _ in range(_SHAPE_TRIES):
         if topology is None:
             try:
                 topology = yield from core.load_topology(rid)
@@ -206,6 +206,11 @@ def _delete(core: Core, rid: str, fence: Lease | None, *, guarded: bool) -> Op[b
         cleanup.append(Send(keys.deadlines, [hint.command(core.scripts)]))
     yield from core.send_all(cleanup, where)
     return held
+
+
+# Reads of the topology before the delete script gives up: only a request deleted and
+# created again, with another shape, between each read and each script makes it try again.
+_SHAPE_TRIES = 8
 
 
 def finish_request(

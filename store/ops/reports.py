@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mstar.conductor.request_info import CurrentForwardConductorMetadata
+from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
 from mstar.engine.resources import PublishedInfo
 from store.codec import domains
 from store.errors import (
@@ -228,7 +228,7 @@ def _outcome(
             field="current_worker_graph_ids",
         )
     token = int(reply[4])
-    lease = partition = None
+    lease = stored = None
     stepped = int(reply[6]) or None
     core.instruments.count("reports" if status == b"OK" else "duplicates")
     if stepped is not None:
@@ -237,15 +237,18 @@ def _outcome(
         lease = Lease(rid, name, holder, token, fwd_pass, float(reply[5]))
         if stepped is None:
             part, pub = (_pairs(flat) for flat in reply[7:9])
-            partition = core.decode_partition(rid, name, part, pub)
+
+            def stored() -> PartitionState:
+                return core.decode_partition(rid, name, part, pub)
+
     return ReportOutcome(
         applied=status == b"OK",
         rank_completions=int(reply[1]),
         worker_graph_complete=bool(reply[2]),
         pass_complete=bool(reply[3]),
         lease=lease,
-        partition=partition,
         stepped_to=stepped,
+        stored=stored,
     )
 
 
