@@ -13,6 +13,7 @@ from store.errors import (
     NotFoundError,
     PartitionNotFound,
     PayloadTooLargeError,
+    ReplicaDrainingError,
     RequestExistsError,
     RequestNotFound,
     SchemaVersionError,
@@ -29,9 +30,20 @@ from store.keys import KeySpace
 from store.ops.calls import Reconnect
 from store.records import Lease, Report, ReportOutcome, RequestRecord, RequestState, Step
 from store.replicas import AsyncReplicaRegistry, ReplicaRegistry
+from store.runtime import (
+    AsyncPlanner,
+    AsyncReplica,
+    Planner,
+    Replica,
+    ReportResult,
+    Status,
+    Timing,
+)
 from store.store import RequestStore
 
 __all__ = [
+    "AsyncPlanner",
+    "AsyncReplica",
     "AsyncReplicaRegistry",
     "AsyncRequestStore",
     "Codec",
@@ -46,10 +58,14 @@ __all__ = [
     "NotFoundError",
     "PartitionNotFound",
     "PayloadTooLargeError",
+    "Planner",
     "Reconnect",
+    "Replica",
+    "ReplicaDrainingError",
     "ReplicaRegistry",
     "Report",
     "ReportOutcome",
+    "ReportResult",
     "RequestExistsError",
     "RequestNotFound",
     "RequestRecord",
@@ -58,9 +74,11 @@ __all__ = [
     "RetryPolicy",
     "SchemaVersionError",
     "StalePassError",
+    "Status",
     "Step",
     "StoreConnectionError",
     "StoreError",
+    "Timing",
     "TransactionConflictError",
     "UnknownKindError",
     "UnknownStoredKindError",
