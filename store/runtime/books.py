@@ -61,12 +61,18 @@ class Books:
 
     # -- leases ---------------------------------------------------------------------------
 
-    def hold(self, lease: Lease) -> None:
+    def hold(self, lease: Lease) -> bool:
+        """Book a lease this replica was granted; False if this very lease is booked
+        already: another of its threads or tasks drives the step (a claim by the holder
+        gives the holder its live lease back, so recovery may meet a step a report of
+        this replica just won)."""
+        key = (lease.request_id, lease.partition)
         with self._lock:
-            self._held[lease.request_id, lease.partition] = (
-                lease,
-                self.clock() + self.timing.lease_ttl,
-            )
+            found = self._held.get(key)
+            if found is not None and found[0].token == lease.token:
+                return False
+            self._held[key] = (lease, self.clock() + self.timing.lease_ttl)
+            return True
 
     def drop(self, lease: Lease) -> None:
         """Forget ``lease`` (ended or superseded); a newer lease on the step stays."""
@@ -87,25 +93,25 @@ class Books:
 
     # -- passes ---------------------------------------------------------------------------
 
-    def sent(self, request_id: str, partition: str, fwd_pass: int, *, again: bool) -> None:
-        """This replica sent a pass (``again``: as a resend of a pass that looked lost)."""
+    def sent(self, request_id: str, partition: str, fwd_pass: int) -> None:
+        """This replica sent a pass (for the first time, or again)."""
         key = (request_id, partition, fwd_pass)
         now = self.clock()
         with self._lock:
             sending = self._sent.get(key)
             if sending is None:
-                self._sent[key] = _Sending(now, now, again)
+                self._sent[key] = _Sending(now)
                 while len(self._sent) > MEMORY:
                     self._sent.popitem(last=False)
             else:
-                sending.last, sending.again = now, sending.again or again
+                sending.last = now
 
     def completed(self, request_id: str, partition: str, fwd_pass: int) -> None:
-        """The pass completed: one latency sample, if this replica sent it and never sent
-        it again (a resent pass's latency says how long it took to notice the loss)."""
+        """The pass completed: one latency sample from its first send, if this replica
+        sent it (a pass whose first send was lost counts as slow: deadlines err long)."""
         with self._lock:
             sending = self._sent.pop((request_id, partition, fwd_pass), None)
-        if sending is not None and not sending.again:
+        if sending is not None:
             self.latencies.add(self.clock() - sending.first)
 
     def sending(self, request_id: str, partition: str, fwd_pass: int) -> bool:
@@ -127,9 +133,8 @@ class Books:
 
 
 class _Sending:
-    __slots__ = ("again", "first", "last")
+    __slots__ = ("first", "last")
 
-    def __init__(self, first: float, last: float, again: bool) -> None:
+    def __init__(self, first: float) -> None:
         self.first = first
-        self.last = last
-        self.again = again
+        self.last = first

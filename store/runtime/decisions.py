@@ -34,6 +34,7 @@ from store.errors import (
     StoreError,
     UnknownWorkerGraphError,
 )
+from store.ops.core import Topology
 from store.records import Lease, Report, ReportOutcome, RequestState, Step
 from store.runtime.books import Books
 from store.stats import flush_commands
@@ -229,8 +230,8 @@ def recorded(
     lease = outcome.lease
     if lease is not None:
         books.completed(report.request_id, report.partition, report.fwd_pass)
-        if outcome.stepped_to is None:
-            books.hold(lease)
+        if outcome.stepped_to is None and not books.hold(lease):
+            return status, None  # this replica's recovery claimed it first: it drives
     return status, lease
 
 
@@ -279,12 +280,12 @@ def stepped(
         # yet; then the producer's next step nudges it (it reads the state after ours).
         state = yield from load(rid)
         if state is not None and (yield planner("runnable", rid, name, state)):
-            yield from dispatch(books, rid, name, new_pass, step, first=True)
+            yield from dispatch(books, rid, name, new_pass, step)
             yield Failpoint("after_dispatch")
     else:
-        yield from dispatch(books, rid, name, new_pass, step, first=True)
+        yield from dispatch(books, rid, name, new_pass, step)
         yield Failpoint("after_dispatch")
-    yield from nudge_consumers(books, rid, name, state)
+    yield from nudge_consumers(books, rid, name, state, topology)
     return ReportResult(status, drove=True, new_pass=new_pass, finished=finished)
 
 
@@ -297,10 +298,8 @@ def load(rid: str) -> Program[RequestState | None]:
     return state
 
 
-def dispatch(
-    books: Books, rid: str, name: str, fwd_pass: int, step: Step, *, first: bool
-) -> Program[None]:
-    books.sent(rid, name, fwd_pass, again=not first)
+def dispatch(books: Books, rid: str, name: str, fwd_pass: int, step: Step) -> Program[None]:
+    books.sent(rid, name, fwd_pass)
     yield planner("dispatch", rid, name, fwd_pass, step)
     books.count("dispatches")
 
@@ -336,7 +335,11 @@ def finish_if_done(
 
 
 def nudge_consumers(
-    books: Books, rid: str, producer: str, state: RequestState | None
+    books: Books,
+    rid: str,
+    producer: str,
+    state: RequestState | None,
+    topology: Topology | None = None,
 ) -> Program[None]:
     """Send the passes of ``producer``'s streaming consumers that its tokens made runnable.
 
@@ -344,7 +347,8 @@ def nudge_consumers(
     time, so recovery still covers it) if it has no report yet and the planner says it can
     run, unless this replica sent it already (another replica may send it too).
     """
-    topology = yield store("topology", rid)
+    topology = topology or (yield store("topology", rid))
+    assert topology is not None
     consumers = [conn.split("->", 1)[1] for conn in topology.outgoing(producer)]
     if not consumers:
         return
@@ -359,9 +363,7 @@ def nudge_consumers(
             continue
         if (yield planner("runnable", rid, name, state)):
             books.count("nudges")
-            yield from dispatch(
-                books, rid, name, part.fwd_pass_number, current_step(part), first=True
-            )
+            yield from dispatch(books, rid, name, part.fwd_pass_number, current_step(part))
 
 
 # -- recovery --------------------------------------------------------------------------------
@@ -393,7 +395,8 @@ def recover_once(books: Books) -> Program[tuple[int, int]]:
 def redo(books: Books, lease: Lease) -> Program[None]:
     """Redo whatever the step's last driver may not have done (see the module docstring)."""
     rid, name = lease.request_id, lease.partition
-    books.hold(lease)
+    if not books.hold(lease):
+        return  # a report of this replica won the step: that drive goes on
     books.count("takeovers")
     yield Failpoint("after_claim")
     try:
@@ -435,7 +438,7 @@ def resend(books: Books, lease: Lease, part: PartitionState, state: RequestState
     if since is not None and since < wait:
         books.count("fresh")  # this replica sent it lately: not lost yet
         return wait - since
-    yield from dispatch(books, rid, name, part.fwd_pass_number, current_step(part), first=False)
+    yield from dispatch(books, rid, name, part.fwd_pass_number, current_step(part))
     books.count("resends")
     yield Failpoint("after_dispatch")
     return books.deadlines.check_in(lease.sends + 1)
@@ -472,7 +475,7 @@ def submit(books: Books, request_id: str, create: Mapping[str, Any]) -> Program[
             continue
         if (yield planner("runnable", request_id, name, state)):
             step = current_step(part)
-            yield from dispatch(books, request_id, name, part.fwd_pass_number, step, first=True)
+            yield from dispatch(books, request_id, name, part.fwd_pass_number, step)
 
 
 def hand_over(books: Books, lease: Lease) -> Program[bool]:
