@@ -84,6 +84,7 @@ class Harness:
         failpoints: Callable[[str], Any] | None = None,
         loop: LoopThread | None = None,
         store_options: Mapping[str, Any] | None = None,
+        async_client: Any = None,
     ) -> None:
         self.kind = kind
         self.planner = planner
@@ -104,7 +105,7 @@ class Harness:
         else:
             if self._loop is None:
                 self._loop, self._own_loop = LoopThread(), True
-            self._async_store = AsyncRequestStore(async_twin(client), **options)
+            self._async_store = AsyncRequestStore(async_client or async_twin(client), **options)
             self.replica = AsyncReplica(
                 self._async_store, planner=AsyncSimPlanner(planner), replica_id=replica_id,
                 timing=timing, failpoints=failpoints,

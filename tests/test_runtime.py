@@ -353,3 +353,17 @@ def test_timing_must_agree_with_the_store(client: redis.Redis, namespace: str) -
         Timing(pass_deadline=0)
     with pytest.raises(ConfigurationError, match="replica id"):
         Replica(store, planner=SimPlanner(SEED), replica_id="")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="store (lead's claim_step.lua): a partition without a check time (done, or its "
+    "request finished) is claimed like a due one; it should be refused",
+)
+def test_claim_step_refuses_a_step_of_a_finished_request(make: Any) -> None:
+    harness = make()
+    rid = IDS[0]
+    harness.submit(rid)
+    pump(harness, [rid])
+    partition = next(iter(harness.store.load_request(rid).partitions))
+    assert harness.store.claim_step(rid, partition, "someone") is None

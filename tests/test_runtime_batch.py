@@ -88,7 +88,7 @@ def describe(result: Any) -> Any:
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,
 )  # fmt: skip
 @given(

@@ -226,12 +226,12 @@ def recorded(
     """Book a recorded report; the lease it won on the next step, if any."""
     status = Status.APPLIED if outcome.applied else Status.DUPLICATE
     books.count("reports" if outcome.applied else "duplicates")
-    yield Failpoint("after_report")
     lease = outcome.lease
     if lease is not None:
         books.completed(report.request_id, report.partition, report.fwd_pass)
         if outcome.stepped_to is None and not books.hold(lease):
-            return status, None  # this replica's recovery claimed it first: it drives
+            lease = None  # this replica's recovery claimed it first: that drive goes on
+    yield Failpoint("after_report")
     return status, lease
 
 
@@ -375,9 +375,14 @@ def recover_once(books: Books) -> Program[tuple[int, int]]:
     An error of one request (a damaged record) does not stop the others: its lease runs
     out and it is looked at again. Redis unreachable stops the look (``run`` pauses).
     """
+    asked = books.clock()
     pairs = yield store("due_steps", limit=books.timing.recovery_batch)
     claimed = 0
     for rid, name in pairs:
+        if books.clock() - asked > books.timing.lease_ttl / 2:
+            # This replica was paused (or Redis was slow) since it asked: what was due
+            # then may be finished now. Look again rather than claim from a stale list.
+            break
         try:
             lease = yield store("claim_step", rid, name, books.replica_id)
             if lease is None:
@@ -402,7 +407,9 @@ def redo(books: Books, lease: Lease) -> Program[None]:
     try:
         state: RequestState = yield store("load_request", rid)
         part = state.partitions[name]
-        if part.is_done:
+        if state.record.finished_at:
+            pass  # finished since it was found due (kept for inspection): nothing to redo
+        elif part.is_done:
             _, finished = yield from finish_if_done(books, lease, state)
             yield from nudge_consumers(books, rid, name, state)
             if not finished:
