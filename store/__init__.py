@@ -36,7 +36,7 @@ from store.runtime import (
     Planner,
     Replica,
     ReportResult,
-    Status,
+    ReportStatus,
     Timing,
 )
 from store.store import RequestStore
@@ -66,6 +66,7 @@ __all__ = [
     "Report",
     "ReportOutcome",
     "ReportResult",
+    "ReportStatus",
     "RequestExistsError",
     "RequestNotFound",
     "RequestRecord",
@@ -74,7 +75,6 @@ __all__ = [
     "RetryPolicy",
     "SchemaVersionError",
     "StalePassError",
-    "Status",
     "Step",
     "StoreConnectionError",
     "StoreError",

@@ -24,9 +24,9 @@ from store import (
     AsyncRequestStore,
     Replica,
     Report,
+    ReportStatus,
     RequestState,
     RequestStore,
-    Status,
     Step,
     Timing,
 )
@@ -88,7 +88,7 @@ class Harness:
     ) -> None:
         self.kind = kind
         self.planner = planner
-        self.statuses: Counter[Status] = Counter()
+        self.statuses: Counter[ReportStatus] = Counter()
         self.timing = timing
         options = {"namespace": namespace, "lease_ttl": timing.lease_ttl, **(store_options or {})}
         self.store = RequestStore(client, **options)  # the sync view, for the test's reads

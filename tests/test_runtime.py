@@ -18,10 +18,11 @@ import pytest
 import redis
 
 from store import (
+    AsyncPlanner,
     ConfigurationError,
     ReplicaDrainingError,
+    ReportStatus,
     RequestStore,
-    Status,
     Timing,
 )
 from store.cli.simulate import model
@@ -101,8 +102,8 @@ def test_every_report_delivered_twice_changes_nothing(make: Any, reference: dict
     passes = sum(model.spec(SEED, rid).passes for rid in IDS)
     statuses = harness.statuses
     # The copy of a pass's completing report comes after its step: its pass is over.
-    assert statuses[Status.STALE] == passes
-    assert statuses[Status.DUPLICATE] == statuses[Status.APPLIED] - passes
+    assert statuses[ReportStatus.STALE] == passes
+    assert statuses[ReportStatus.DUPLICATE] == statuses[ReportStatus.APPLIED] - passes
     assert harness.counts["passes"] == passes
 
 
@@ -144,16 +145,16 @@ def test_report_results_applied_duplicate_stale_gone(make: Any) -> None:
     (report,) = planner.reports_for(rid, model.DEFAULT, 0)
     first = harness.apply_report(report)
     assert (first.status, first.drove, first.new_pass, first.finished) == (
-        Status.APPLIED, True, 1, False,
+        ReportStatus.APPLIED, True, 1, False,
     )  # fmt: skip
     assert planner.sent[-1] == (rid, model.DEFAULT, 1)
     again = harness.apply_report(report)
-    assert (again.status, again.drove) == (Status.STALE, False)  # its pass is over
+    assert (again.status, again.drove) == (ReportStatus.STALE, False)  # its pass is over
     pump(harness, [rid])
     late = harness.apply_report(planner.reports_for(rid, model.DEFAULT, 1)[0])
-    assert late.status is Status.STALE
+    assert late.status is ReportStatus.STALE
     harness.store.delete_request(rid)
-    assert harness.apply_report(report).status is Status.GONE
+    assert harness.apply_report(report).status is ReportStatus.GONE
 
 
 def test_a_resent_completing_report_still_drives_its_step(make: Any) -> None:
@@ -170,7 +171,7 @@ def test_a_resent_completing_report_still_drives_its_step(make: Any) -> None:
     )  # fmt: skip
     assert outcome.lease is not None
     result = harness.apply_report(report)
-    assert (result.status, result.drove, result.new_pass) == (Status.DUPLICATE, True, 1)
+    assert (result.status, result.drove, result.new_pass) == (ReportStatus.DUPLICATE, True, 1)
     assert harness.store.load_partition(rid, model.DEFAULT).fwd_pass_number == 1
 
 
@@ -192,7 +193,7 @@ def test_a_step_claimed_by_another_replica_first_is_fenced(make: Any, kind: str)
     a.submit(rid)
     (report,) = a.planner.reports_for(rid, model.DEFAULT, 0)
     result = a.apply_report(report)
-    assert (result.status, result.drove) == (Status.FENCED, False)
+    assert (result.status, result.drove) == (ReportStatus.FENCED, False)
     part = a.store.load_partition(rid, model.DEFAULT)
     assert part.fwd_pass_number == 0  # A changed nothing
     assert a.planner.sent == [(rid, model.DEFAULT, 0)]  # nor sent anything
@@ -353,6 +354,8 @@ def test_timing_must_agree_with_the_store(client: redis.Redis, namespace: str) -
         Timing(pass_deadline=0)
     with pytest.raises(ConfigurationError, match="replica id"):
         Replica(store, planner=SimPlanner(SEED), replica_id="")
+    with pytest.raises(ConfigurationError, match="AsyncReplica"):
+        Replica(store, planner=AsyncPlanner())
 
 
 @pytest.mark.xfail(

@@ -21,7 +21,7 @@ from store.ops.core import Topology
 from store.records import RequestRecord, RequestState
 from store.runtime import decisions
 from store.runtime.books import Books
-from store.runtime.decisions import Call, Failpoint, Status
+from store.runtime.decisions import Call, Failpoint, ReportStatus
 from store.runtime.timing import HEARTBEAT, REAP, RECOVERY, Deadlines, Latencies, Schedule
 
 pytestmark = pytest.mark.fake
@@ -217,7 +217,7 @@ def test_a_complete_report_drives_its_step_and_sends_the_next_pass() -> None:
         {"record_worker_report": outcome, "next_step": step, "take_step": 1,
          "topology": ALONE, "dispatch": None},
     )  # fmt: skip
-    assert result == decisions.ReportResult(Status.APPLIED, drove=True, new_pass=1)
+    assert result == decisions.ReportResult(ReportStatus.APPLIED, drove=True, new_pass=1)
     assert calls(seen) == ["record_worker_report", "next_step", "take_step", "topology", "dispatch"]
     assert [e.name for e in seen if isinstance(e, Failpoint)] == [
         "after_report", "after_step", "after_dispatch",
@@ -247,7 +247,7 @@ def test_a_fenced_step_is_dropped() -> None:
         {"record_worker_report": outcome, "next_step": Step(META, ("wg",)),
          "take_step": FencedError(1, 2, request_id="r")},
     )  # fmt: skip
-    assert result == decisions.ReportResult(Status.FENCED)
+    assert result == decisions.ReportResult(ReportStatus.FENCED)
     assert b.held() == [] and b.counts["fenced"] == 1 and b.counts["duplicates"] == 1
 
 

@@ -5,7 +5,7 @@
 """
 
 from store.runtime.aio import AsyncReplica
-from store.runtime.decisions import FAILPOINTS, ReportResult, Status
+from store.runtime.decisions import FAILPOINTS, ReportResult, ReportStatus
 from store.runtime.planner import AsyncPlanner, Planner
 from store.runtime.sync import Replica
 from store.runtime.timing import Timing
@@ -17,6 +17,6 @@ __all__ = [
     "Planner",
     "Replica",
     "ReportResult",
-    "Status",
+    "ReportStatus",
     "Timing",
 ]

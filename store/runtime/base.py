@@ -91,18 +91,22 @@ class ReplicaBase:
             raise ReplicaDrainingError(f"replica {self.id} is draining: send the report elsewhere")
 
     def duty(self, name: str) -> Program[bool]:
-        """One background duty of ``run``; True when recovery left a backlog."""
+        """One background duty of ``run``; True when recovery left a backlog. A draining
+        replica does none (its last beat is ``farewell``'s)."""
+        if self.draining:
+            return False
         if name == HEARTBEAT:
-            retries = self.store.stats.retries
-            self._flushed = yield from decisions.heartbeat(self.books, self._flushed, retries)
+            yield from self.beat()
             return False
         if name == RECOVERY:
-            if self.draining:
-                return False
             looked, _ = yield from decisions.recover_once(self.books)
             return looked >= self.timing.recovery_batch
         yield from decisions.reap(self.books)
         return False
+
+    def beat(self) -> Program[None]:
+        retries = self.store.stats.retries
+        self._flushed = yield from decisions.heartbeat(self.books, self._flushed, retries)
 
     def settle(self, schedule: Schedule, name: str, result: bool | Exception) -> None:
         """Book how duty ``name`` went: its backlog flag, or the error it met."""
@@ -121,5 +125,5 @@ class ReplicaBase:
 
     def farewell(self) -> Program[None]:
         """The last flush, then leave the registry."""
-        yield from self.duty(HEARTBEAT)
+        yield from self.beat()
         yield from decisions.leave(self.books)

@@ -82,7 +82,7 @@ def planner(method: str, *args: Any) -> Call:
     return Call("planner", method, args)
 
 
-class Status(enum.Enum):
+class ReportStatus(enum.Enum):
     """What became of a report."""
 
     APPLIED = "applied"  # recorded now
@@ -97,7 +97,7 @@ class ReportResult:
     """What ``apply_report`` did: the report's ``status``; whether this replica ``drove``
     the step the report's pass won (to ``new_pass``) and ``finished`` the request."""
 
-    status: Status
+    status: ReportStatus
     drove: bool = False
     new_pass: int | None = None
     finished: bool = False
@@ -154,7 +154,7 @@ def apply_reports(
     for wave in waves(reports):
         batch = [reports[i] for i in wave]
         outcomes = yield store("record_worker_reports", batch, replica_id=books.replica_id)
-        won: list[tuple[int, Lease, Status, Step]] = []
+        won: list[tuple[int, Lease, ReportStatus, Step]] = []
         for i, outcome in zip(wave, outcomes, strict=True):
             if isinstance(outcome, StoreError):
                 results[i] = _refused_or_error(outcome)
@@ -207,9 +207,9 @@ def refused(error: StoreError) -> ReportResult:
     """The result of a report the store refused; errors that say nothing of the report
     (Redis unreachable, a damaged record) are raised for the caller to redeliver it."""
     if isinstance(error, StalePassError | UnknownWorkerGraphError):
-        return ReportResult(Status.STALE)
+        return ReportResult(ReportStatus.STALE)
     if isinstance(error, NotFoundError):
-        return ReportResult(Status.GONE)
+        return ReportResult(ReportStatus.GONE)
     raise error
 
 
@@ -222,9 +222,9 @@ def _refused_or_error(error: StoreError) -> ReportResult | StoreError:
 
 def recorded(
     books: Books, report: Report, outcome: ReportOutcome
-) -> Program[tuple[Status, Lease | None]]:
+) -> Program[tuple[ReportStatus, Lease | None]]:
     """Book a recorded report; the lease it won on the next step, if any."""
-    status = Status.APPLIED if outcome.applied else Status.DUPLICATE
+    status = ReportStatus.APPLIED if outcome.applied else ReportStatus.DUPLICATE
     books.count("reports" if outcome.applied else "duplicates")
     lease = outcome.lease
     if lease is not None:
@@ -241,10 +241,10 @@ def lost_step(books: Books, lease: Lease, error: StoreError) -> ReportResult:
     if isinstance(error, FencedError | StalePassError):
         books.drop(lease)
         books.count("fenced")
-        return ReportResult(Status.FENCED)
+        return ReportResult(ReportStatus.FENCED)
     if isinstance(error, NotFoundError):
         books.drop(lease)
-        return ReportResult(Status.GONE)
+        return ReportResult(ReportStatus.GONE)
     raise error
 
 
@@ -256,7 +256,7 @@ def _lost_or_error(books: Books, lease: Lease, error: StoreError) -> ReportResul
 
 
 def took_step(
-    books: Books, lease: Lease, step: Step, new_pass: int, status: Status
+    books: Books, lease: Lease, step: Step, new_pass: int, status: ReportStatus
 ) -> Program[ReportResult]:
     books.drop(lease)
     books.count("passes")
@@ -265,7 +265,7 @@ def took_step(
 
 
 def stepped(
-    books: Books, lease: Lease, step: Step, new_pass: int, status: Status
+    books: Books, lease: Lease, step: Step, new_pass: int, status: ReportStatus
 ) -> Program[ReportResult]:
     """After a step: send the new pass, or finish the request if every partition is done;
     then nudge the partition's streaming consumers."""
@@ -417,7 +417,7 @@ def redo(books: Books, lease: Lease) -> Program[None]:
         elif pass_complete(part):
             step = yield planner("next_step", rid, name, part)
             new_pass = yield store("take_step", lease, step, check_in=books.deadlines.check_in(1))
-            yield from took_step(books, lease, step, new_pass, Status.APPLIED)
+            yield from took_step(books, lease, step, new_pass, ReportStatus.APPLIED)
         else:
             yield from nudge_consumers(books, rid, name, state)
             check_in = yield from resend(books, lease, part, state)

@@ -15,14 +15,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from store.errors import StoreConnectionError, StoreError
+from store.errors import ConfigurationError, StoreConnectionError, StoreError
 from store.observe import Instruments
 from store.records import Report
 from store.replicas import ReplicaRegistry
 from store.runtime import decisions
 from store.runtime.base import Failpoints, ReplicaBase, log
 from store.runtime.decisions import Call, Program, ReportResult
-from store.runtime.planner import Planner
+from store.runtime.planner import AsyncPlanner, Planner
 from store.runtime.timing import Schedule, Timing
 from store.store import RequestStore
 
@@ -50,6 +50,10 @@ class Replica(ReplicaBase):
         rng: random.Random | None = None,
         instruments: Instruments | None = None,
     ) -> None:
+        if isinstance(planner, AsyncPlanner):
+            raise ConfigurationError(
+                "Replica takes a sync Planner; use AsyncReplica for an AsyncPlanner"
+            )
         registry = registry or ReplicaRegistry(store.client, namespace=store.keys.namespace)
         super().__init__(
             store, registry, planner, replica_id=replica_id, timing=timing or Timing(),
