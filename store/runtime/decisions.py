@@ -487,10 +487,10 @@ def submit(books: Books, request_id: str, create: Mapping[str, Any]) -> Program[
 
 def hand_over(books: Books, lease: Lease) -> Program[bool]:
     """End a lease so that another replica takes the step at once; False if it was
-    superseded already."""
+    superseded already, or Redis is unreachable (the lease runs out by itself then)."""
     try:
         yield store("release_lease", lease, check_in=0)
-    except (FencedError, NotFoundError):
+    except (FencedError, NotFoundError, StoreConnectionError):
         books.drop(lease)
         return False
     books.drop(lease)
