@@ -13,6 +13,7 @@ from store.errors import (
     NotFoundError,
     PartitionNotFound,
     PayloadTooLargeError,
+    ReplicaDrainingError,
     RequestExistsError,
     RequestNotFound,
     SchemaVersionError,
@@ -29,9 +30,20 @@ from store.keys import KeySpace
 from store.ops.calls import Reconnect
 from store.records import Lease, Report, ReportOutcome, RequestRecord, RequestState, Step
 from store.replicas import AsyncReplicaRegistry, ReplicaRegistry
+from store.runtime import (
+    AsyncPlanner,
+    AsyncReplica,
+    Planner,
+    Replica,
+    ReportResult,
+    ReportStatus,
+    Timing,
+)
 from store.store import RequestStore
 
 __all__ = [
+    "AsyncPlanner",
+    "AsyncReplica",
     "AsyncReplicaRegistry",
     "AsyncRequestStore",
     "Codec",
@@ -46,10 +58,15 @@ __all__ = [
     "NotFoundError",
     "PartitionNotFound",
     "PayloadTooLargeError",
+    "Planner",
     "Reconnect",
+    "Replica",
+    "ReplicaDrainingError",
     "ReplicaRegistry",
     "Report",
     "ReportOutcome",
+    "ReportResult",
+    "ReportStatus",
     "RequestExistsError",
     "RequestNotFound",
     "RequestRecord",
@@ -61,6 +78,7 @@ __all__ = [
     "Step",
     "StoreConnectionError",
     "StoreError",
+    "Timing",
     "TransactionConflictError",
     "UnknownKindError",
     "UnknownStoredKindError",

@@ -93,6 +93,7 @@ class AsyncRequestStore(StoreSettings):
     load_record = async_method(reads.load_record)
     load_partition = async_method(reads.load_partition)
     load_connection = async_method(reads.load_connection)
+    topology = async_method(reads.topology)
     # -- field writes
     update_partition = async_method(fields.update_partition)
     set_producer_done = async_method(fields.set_producer_done)

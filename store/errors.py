@@ -178,3 +178,8 @@ class TransactionConflictError(StoreError):
 
 class StoreConnectionError(StoreError, ConnectionError):
     """Redis could not be reached, after redis-py's own retries."""
+
+
+class ReplicaDrainingError(StoreError):
+    """The replica is draining and takes no more reports: deliver this one to another
+    replica (nothing of it was applied)."""

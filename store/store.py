@@ -168,6 +168,7 @@ class RequestStore(StoreSettings):
     load_record = sync_method(reads.load_record)
     load_partition = sync_method(reads.load_partition)
     load_connection = sync_method(reads.load_connection)
+    topology = sync_method(reads.topology)
     # -- field writes
     update_partition = sync_method(fields.update_partition)
     set_producer_done = sync_method(fields.set_producer_done)

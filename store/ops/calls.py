@@ -79,12 +79,20 @@ class Scripts:
 
     sources: Mapping[str, str]
     shas: dict[str, str] = field(init=False)
+    _by_sha: dict[str, str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.shas = {
             name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
             for name, src in self.sources.items()
         }
+        self._by_sha = {sha: self.sources[name] for name, sha in self.shas.items()}
+
+    def loaded(self, command: Command) -> Command:
+        """``command`` with its script's source in place of its SHA (EVAL for EVALSHA)."""
+        if command[0] == "EVALSHA" and command[1] in self._by_sha:
+            return ("EVAL", self._by_sha[command[1]], *command[2:])
+        return command
 
 
 @dataclass(frozen=True)

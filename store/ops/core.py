@@ -54,7 +54,7 @@ from store.ops.calls import (
     script,
     send,
 )
-from store.ops.effects import Command, Disconnected, Op, Send, SendMany
+from store.ops.effects import Command, Disconnected, ErrorReply, Op, Send, SendMany
 from store.records import Lease, RequestRecord
 from store.schema import SCHEMA_VERSION
 from store.upgrade import RecordOutdated, parse_version, to_current, upgrade_stored
@@ -193,8 +193,21 @@ class Core:
     # -- sending --------------------------------------------------------------------------
 
     def send(self, key: str, commands: Sequence[Command], where: Where) -> Op[list[Any]]:
-        """``commands`` to ``key``'s server, with this store's reconnect policy."""
-        return send(key, commands, where, self.reconnect)
+        """``commands`` to ``key``'s server, with this store's reconnect policy; a script
+        the server lacks (NOSCRIPT: it restarted or flushed its cache) is loaded and that
+        command alone sent again."""
+        replies = yield from send(key, commands, where, self.reconnect)
+        return (yield from self._load_missing(key, commands, replies, where))
+
+    def _load_missing(
+        self, key: str, commands: Sequence[Command], replies: list[Any], where: Where
+    ) -> Op[list[Any]]:
+        for i, reply in enumerate(replies):
+            if isinstance(reply, ErrorReply) and reply.kind == "NOSCRIPT":
+                (replies[i],) = yield from send(
+                    key, [self.scripts.loaded(commands[i])], where, self.reconnect
+                )
+        return replies
 
     def send_all(self, sends: Sequence[Send], where: Where) -> Op[list[list[Any]]]:
         """Several sends in one round trip (one write per server); a send that met a lost
@@ -204,6 +217,8 @@ class Core:
         for one, replies in zip(sends, results, strict=True):
             if isinstance(replies, Disconnected) or needs_resend(replies):
                 replies = yield from self.send(one.key, one.commands, where)
+            else:
+                replies = yield from self._load_missing(one.key, one.commands, replies, where)
             out.append(replies)
         return out
 

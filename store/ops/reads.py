@@ -5,7 +5,7 @@ from __future__ import annotations
 from mstar.conductor.request_info import PartitionState, StreamingConnectionState
 from store.errors import ConnectionNotFound, CorruptRecordError, PartitionNotFound, RequestNotFound
 from store.keys import split_connection_name, validate_name, validate_request_id
-from store.ops.core import Core
+from store.ops.core import Core, Topology
 from store.ops.effects import Op
 from store.records import RequestRecord, RequestState
 
@@ -72,3 +72,11 @@ def load_connection(core: Core, request_id: str, name: str) -> Op[StreamingConne
     if not raw:
         yield from core.raise_not_found(rid, ConnectionNotFound, f"no connection {name!r}")
     return core.decode_connection(rid, name, raw)
+
+
+def topology(core: Core, request_id: str) -> Op[Topology]:
+    """The request's partitions and streaming connections, as created (``outgoing(p)`` /
+    ``incoming(p)`` name a partition's connections). Cached per process: a call usually
+    costs no round trip."""
+    rid = validate_request_id(request_id)
+    return (yield from core.topology(rid))

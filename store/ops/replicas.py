@@ -9,22 +9,37 @@ of the caller's choosing, for tests and tools) replaces the server's clock.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from store.codec import domains
 from store.errors import ValidationError
 from store.keys import MAX_NAME_LENGTH
+from store.ops.calls import ScriptCall
 from store.ops.core import Core
-from store.ops.effects import Op
+from store.ops.effects import Command, Op, Send
 
 
-def heartbeat(core: Core, replica_id: str, *, now: float | None = None) -> Op[None]:
+def heartbeat(
+    core: Core, replica_id: str, *, now: float | None = None, stats: Sequence[Command] = ()
+) -> Op[None]:
+    """Record that the replica is alive; ``stats`` (``store.stats.flush_commands``) go in
+    the same round trip, grouped by key so that each key's commands stay in order on the
+    server that owns it (the keys may sit in different cluster slots)."""
     if not isinstance(replica_id, str) or not 0 < len(replica_id) <= MAX_NAME_LENGTH:
         raise ValidationError(f"replica id must be a str of 1 to {MAX_NAME_LENGTH} chars")
     key = core.keys.replicas
     if now is not None:
         domains.check_float(now, domains.TIME, what="now")
-        yield from core.send(key, [("ZADD", key, now, replica_id)], {})
+        beat: Command = ("ZADD", key, now, replica_id)
+    else:  # by the server's clock
+        beat = ScriptCall("replicas", [key], ["beat", replica_id]).command(core.scripts)
+    if not stats:
+        yield from core.send(key, [beat], {})
         return
-    yield from core.script("replicas", [key], ["beat", replica_id], {})
+    by_key: dict[str, list[Command]] = {key: [beat]}
+    for command in stats:
+        by_key.setdefault(str(command[1]), []).append(command)
+    yield from core.send_all([Send(k, commands) for k, commands in by_key.items()], {})
 
 
 def last_beats(core: Core) -> Op[dict[str, float]]:

@@ -1,0 +1,523 @@
+"""What a report, a claim or a recovery leads to: the runtime's decisions, written once.
+
+Each decision is a program: a generator that yields ``Call``s (a method of the store, the
+planner or the replica registry, with its arguments) and ``Failpoint``s, and is sent each
+call's result back, or has its exception thrown in. ``store.runtime.sync`` runs programs
+with plain calls, ``store.runtime.aio`` awaits them; nothing here does I/O.
+
+Why every step is safe to redo (a replica may die between any two yields):
+
+- a report is applied once (the store keys it by pass, worker graph and rank), and the
+  report that completes a pass is granted the lease on the next step in the same call;
+- a step (advance, send recorded, lease ended, next check set) is one call, recognised if
+  resent, and fenced: once another replica claimed the step, it changes nothing;
+- sending a pass again only makes the workers report again, which the store absorbs;
+- a lease that is never ended runs out, and recovery (``due_steps`` -> ``claim_step``)
+  redoes what may be missing: the step if the pass is complete, else the pass is sent
+  again, once its last send is no longer fresh.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from mstar.conductor.request_info import PartitionState
+from store.errors import (
+    FencedError,
+    NotFoundError,
+    StalePassError,
+    StoreConnectionError,
+    StoreError,
+    UnknownWorkerGraphError,
+)
+from store.ops.core import Topology
+from store.records import Lease, Report, ReportOutcome, RequestState, Step
+from store.runtime.books import Books
+from store.stats import flush_commands
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Call ``target``'s method (``"store"``, ``"planner"`` or ``"registry"``)."""
+
+    target: str
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Failpoint:
+    """A named point between two steps, where tests make a replica die or stop."""
+
+    name: str
+
+
+Effect = Call | Failpoint
+Program = Generator[Effect, Any, T]
+
+# The points, in the order a pass goes through them.
+FAILPOINTS = (
+    "after_report",  # the report (and its published infos) recorded; the step not taken
+    "after_claim",  # recovery claimed a step; nothing redone yet
+    "after_step",  # the step taken (partition advanced, lease ended); the pass not sent
+    "after_dispatch",  # the pass sent; consumers not nudged, nothing finished
+    "before_release",  # recovery sent a pass again; its lease not ended
+    "before_finish",  # final outputs stored; the request not finished
+)
+
+
+def store(method: str, *args: Any, **kwargs: Any) -> Call:
+    return Call("store", method, args, kwargs)
+
+
+def planner(method: str, *args: Any) -> Call:
+    return Call("planner", method, args)
+
+
+class ReportStatus(enum.Enum):
+    """What became of a report."""
+
+    APPLIED = "applied"  # recorded now
+    DUPLICATE = "duplicate"  # recorded before: changed nothing
+    STALE = "stale"  # its pass is over, or its worker graph is not in the pass
+    GONE = "gone"  # its request is no longer held
+    FENCED = "fenced"  # it won a step that another replica took over before it was taken
+
+
+@dataclass(frozen=True, slots=True)
+class ReportResult:
+    """What ``apply_report`` did: the report's ``status``; whether this replica ``drove``
+    the step the report's pass won (to ``new_pass``) and ``finished`` the request."""
+
+    status: ReportStatus
+    drove: bool = False
+    new_pass: int | None = None
+    finished: bool = False
+
+
+# -- reports ---------------------------------------------------------------------------------
+
+
+def apply_report(books: Books, report: Report, *, predict: bool) -> Program[ReportResult]:
+    """Record one report; if it completed the pass (or a resend of it says so and the
+    lease is still ours), take the step at once under that lease.
+
+    With ``predict``, the planner is asked for the step ahead, and the report that
+    completes the pass takes it in the same call (one round trip less per pass).
+    """
+    step: Step | None = (yield planner("predict_step", report)) if predict else None
+    check = {"then_step": step, "check_in": books.deadlines.check_in(1)} if step else {}
+    try:
+        outcome = yield store(
+            "record_worker_report", report.request_id, report.partition,
+            fwd_pass=report.fwd_pass, worker_graph_id=report.worker_graph_id,
+            rank=report.rank, num_ranks=report.num_ranks, new_tokens=report.new_tokens,
+            output_names=report.output_names, consumed=report.consumed,
+            published=report.published, replica_id=books.replica_id, **check,
+        )  # fmt: skip
+    except StoreError as e:
+        return refused(e)
+    status, lease = yield from recorded(books, report, outcome)
+    if lease is None:
+        return ReportResult(status)
+    if outcome.stepped_to is not None:
+        assert step is not None  # only a step given with the report is taken in it
+        books.count("passes")
+        return (yield from stepped(books, lease, step, outcome.stepped_to, status))
+    assert outcome.partition is not None  # returned with every lease a report is granted
+    step = yield planner("next_step", report.request_id, report.partition, outcome.partition)
+    try:
+        new_pass = yield store("take_step", lease, step, check_in=books.deadlines.check_in(1))
+    except StoreError as e:
+        return lost_step(books, lease, e)
+    return (yield from took_step(books, lease, step, new_pass, status))
+
+
+def apply_reports(
+    books: Books, reports: Sequence[Report]
+) -> Program[list[ReportResult | StoreError]]:
+    """``apply_report`` for many reports, batched: one call records a wave of them, one
+    call takes the steps they won. The results are those of applying them one at a time,
+    in order, so a wave never holds a report that, one at a time, would have come after a
+    step it takes part in: two reports of one request in a wave are of the same partition
+    and pass, and no report appears twice. An error that ``apply_report`` would raise is
+    that report's entry."""
+    results: list[ReportResult | StoreError | None] = [None] * len(reports)
+    for wave in waves(reports):
+        batch = [reports[i] for i in wave]
+        outcomes = yield store("record_worker_reports", batch, replica_id=books.replica_id)
+        won: list[tuple[int, Lease, ReportStatus, Step]] = []
+        for i, outcome in zip(wave, outcomes, strict=True):
+            if isinstance(outcome, StoreError):
+                results[i] = _refused_or_error(outcome)
+                continue
+            status, lease = yield from recorded(books, reports[i], outcome)
+            if lease is None:
+                results[i] = ReportResult(status)
+                continue
+            report = reports[i]
+            step = yield planner(
+                "next_step", report.request_id, report.partition, outcome.partition
+            )
+            won.append((i, lease, status, step))
+        if not won:
+            continue
+        check_ins = [books.deadlines.check_in(1) for _ in won]
+        passes = yield store(
+            "take_steps",
+            [(lease, step, c) for (_, lease, _, step), c in zip(won, check_ins, strict=True)],
+        )
+        for (i, lease, status, step), new_pass in zip(won, passes, strict=True):
+            if isinstance(new_pass, StoreError):
+                results[i] = _lost_or_error(books, lease, new_pass)
+            else:
+                results[i] = yield from took_step(books, lease, step, new_pass, status)
+    return [r for r in results if r is not None]
+
+
+def waves(reports: Sequence[Report]) -> list[list[int]]:
+    """Indices of ``reports`` cut into waves that can be recorded in one call with the
+    results of one at a time (see ``apply_reports``)."""
+    out: list[list[int]] = []
+    wave: list[int] = []
+    ids: set[str] = set()
+    passes: dict[str, tuple[str, int]] = {}
+    for i, report in enumerate(reports):
+        at = (report.partition, report.fwd_pass)
+        if report.report_id in ids or passes.get(report.request_id, at) != at:
+            out.append(wave)
+            wave, ids, passes = [], set(), {}
+        wave.append(i)
+        ids.add(report.report_id)
+        passes[report.request_id] = at
+    if wave:
+        out.append(wave)
+    return out
+
+
+def refused(error: StoreError) -> ReportResult:
+    """The result of a report the store refused; errors that say nothing of the report
+    (Redis unreachable, a damaged record) are raised for the caller to redeliver it."""
+    if isinstance(error, StalePassError | UnknownWorkerGraphError):
+        return ReportResult(ReportStatus.STALE)
+    if isinstance(error, NotFoundError):
+        return ReportResult(ReportStatus.GONE)
+    raise error
+
+
+def _refused_or_error(error: StoreError) -> ReportResult | StoreError:
+    try:
+        return refused(error)
+    except StoreError as e:
+        return e
+
+
+def recorded(
+    books: Books, report: Report, outcome: ReportOutcome
+) -> Program[tuple[ReportStatus, Lease | None]]:
+    """Book a recorded report; the lease it won on the next step, if any."""
+    status = ReportStatus.APPLIED if outcome.applied else ReportStatus.DUPLICATE
+    books.count("reports" if outcome.applied else "duplicates")
+    lease = outcome.lease
+    if lease is not None:
+        books.completed(report.request_id, report.partition, report.fwd_pass)
+        if outcome.stepped_to is None and not books.hold(lease):
+            lease = None  # this replica's recovery claimed it first: that drive goes on
+    yield Failpoint("after_report")
+    return status, lease
+
+
+def lost_step(books: Books, lease: Lease, error: StoreError) -> ReportResult:
+    """``take_step`` refused: another replica claimed the step (it drives now), or the
+    request is gone. Anything else is raised (the lease stays booked for ``drain``)."""
+    if isinstance(error, FencedError | StalePassError):
+        books.drop(lease)
+        books.count("fenced")
+        return ReportResult(ReportStatus.FENCED)
+    if isinstance(error, NotFoundError):
+        books.drop(lease)
+        return ReportResult(ReportStatus.GONE)
+    raise error
+
+
+def _lost_or_error(books: Books, lease: Lease, error: StoreError) -> ReportResult | StoreError:
+    try:
+        return lost_step(books, lease, error)
+    except StoreError as e:
+        return e
+
+
+def took_step(
+    books: Books, lease: Lease, step: Step, new_pass: int, status: ReportStatus
+) -> Program[ReportResult]:
+    books.drop(lease)
+    books.count("passes")
+    yield Failpoint("after_step")
+    return (yield from stepped(books, lease, step, new_pass, status))
+
+
+def stepped(
+    books: Books, lease: Lease, step: Step, new_pass: int, status: ReportStatus
+) -> Program[ReportResult]:
+    """After a step: send the new pass, or finish the request if every partition is done;
+    then nudge the partition's streaming consumers."""
+    rid, name = lease.request_id, lease.partition
+    state: RequestState | None = None
+    finished = False
+    topology = yield store("topology", rid)
+    if step.done:
+        state, finished = yield from finish_if_done(books, lease, None)
+    elif topology.incoming(name):
+        # A consumer: its new pass may wait for tokens its producers have not streamed
+        # yet; then the producer's next step nudges it (it reads the state after ours).
+        state = yield from load(rid)
+        if state is not None and (yield planner("runnable", rid, name, state)):
+            yield from dispatch(books, rid, name, new_pass, step)
+            yield Failpoint("after_dispatch")
+    else:
+        yield from dispatch(books, rid, name, new_pass, step)
+        yield Failpoint("after_dispatch")
+    yield from nudge_consumers(books, rid, name, state, topology)
+    return ReportResult(status, drove=True, new_pass=new_pass, finished=finished)
+
+
+def load(rid: str) -> Program[RequestState | None]:
+    """The request's state; None once it is gone."""
+    try:
+        state: RequestState = yield store("load_request", rid)
+    except NotFoundError:
+        return None
+    return state
+
+
+def dispatch(books: Books, rid: str, name: str, fwd_pass: int, step: Step) -> Program[None]:
+    books.sent(rid, name, fwd_pass)
+    yield planner("dispatch", rid, name, fwd_pass, step)
+    books.count("dispatches")
+
+
+def finish_if_done(
+    books: Books, lease: Lease, state: RequestState | None
+) -> Program[tuple[RequestState | None, bool]]:
+    """If every partition is done: store the final outputs and finish the request, fenced
+    by ``lease`` (whose step made its partition done). Returns the state read and whether
+    this call finished the request. Partitions that finish together may both see all done
+    and both finish: that is harmless (the same outputs, fenced writes)."""
+    rid = lease.request_id
+    try:
+        if state is None:
+            state = yield store("load_request", rid)
+        assert state is not None
+        if not all(part.is_done for part in state.partitions.values()):
+            return state, False
+        outputs = dict((yield planner("final_outputs", rid, state)))
+        for name, value in outputs.items():
+            yield store("set_final_output", rid, name, value, fence=lease)
+        record = replace(state.record, final_outputs={**state.record.final_outputs, **outputs})
+        yield planner("finished", rid, replace(state, record=record))
+        yield Failpoint("before_finish")
+        yield store("finish_request", rid, fence=lease, keep_for=books.timing.keep_for)
+    except FencedError:
+        books.count("fenced")  # another replica claimed the step: it finishes
+        return state, False
+    except NotFoundError:
+        return state, False  # finished and removed already
+    books.count("finished")
+    return state, True
+
+
+def nudge_consumers(
+    books: Books,
+    rid: str,
+    producer: str,
+    state: RequestState | None,
+    topology: Topology | None = None,
+) -> Program[None]:
+    """Send the passes of ``producer``'s streaming consumers that its tokens made runnable.
+
+    A consumer's pass is sent (without its lease: the consumer's own step set its check
+    time, so recovery still covers it) if it has no report yet and the planner says it can
+    run, unless this replica sent it already (another replica may send it too).
+    """
+    topology = topology or (yield store("topology", rid))
+    assert topology is not None
+    consumers = [conn.split("->", 1)[1] for conn in topology.outgoing(producer)]
+    if not consumers:
+        return
+    state = state or (yield from load(rid))
+    if state is None:
+        return
+    for name in consumers:
+        part = state.partitions[name]
+        if part.is_done or any(part.wg_rank_completions.values()) or pass_complete(part):
+            continue
+        if not part.current_worker_graph_ids or books.sending(rid, name, part.fwd_pass_number):
+            continue
+        if (yield planner("runnable", rid, name, state)):
+            books.count("nudges")
+            yield from dispatch(books, rid, name, part.fwd_pass_number, current_step(part))
+
+
+# -- recovery --------------------------------------------------------------------------------
+
+
+def recover_once(books: Books) -> Program[tuple[int, int]]:
+    """Claim the steps that are due and redo each; returns (steps looked at, claimed).
+
+    An error of one request (a damaged record) does not stop the others: its lease runs
+    out and it is looked at again. Redis unreachable stops the look (``run`` pauses).
+    """
+    asked = books.clock()
+    pairs = yield store("due_steps", limit=books.timing.recovery_batch)
+    claimed = 0
+    for rid, name in pairs:
+        if books.clock() - asked > books.timing.lease_ttl / 2:
+            # This replica was paused (or Redis was slow) since it asked: what was due
+            # then may be finished now. Look again rather than claim from a stale list.
+            break
+        try:
+            lease = yield store("claim_step", rid, name, books.replica_id)
+            if lease is None:
+                continue
+            claimed += 1
+            yield from redo(books, lease)
+        except StoreConnectionError:
+            raise
+        except StoreError as e:  # its lease runs out; it is looked at again
+            books.count("recovery_errors")
+            log.warning("recovery of %s %s failed: %s", rid, name, e)
+    return len(pairs), claimed
+
+
+def redo(books: Books, lease: Lease) -> Program[None]:
+    """Redo whatever the step's last driver may not have done (see the module docstring)."""
+    rid, name = lease.request_id, lease.partition
+    if not books.hold(lease):
+        return  # a report of this replica won the step: that drive goes on
+    books.count("takeovers")
+    yield Failpoint("after_claim")
+    try:
+        state: RequestState = yield store("load_request", rid)
+        part = state.partitions[name]
+        if state.record.finished_at:
+            pass  # finished since it was found due (kept for inspection): nothing to redo
+        elif part.is_done:
+            _, finished = yield from finish_if_done(books, lease, state)
+            yield from nudge_consumers(books, rid, name, state)
+            if not finished:
+                yield store("release_lease", lease, check_in=None)
+        elif pass_complete(part):
+            step = yield planner("next_step", rid, name, part)
+            new_pass = yield store("take_step", lease, step, check_in=books.deadlines.check_in(1))
+            yield from took_step(books, lease, step, new_pass, ReportStatus.APPLIED)
+        else:
+            yield from nudge_consumers(books, rid, name, state)
+            check_in = yield from resend(books, lease, part, state)
+            yield Failpoint("before_release")
+            yield store("release_lease", lease, check_in=check_in)
+    except (FencedError, StalePassError):
+        books.count("fenced")  # claimed again by another replica meanwhile: it drives
+    except NotFoundError:
+        pass
+    books.drop(lease)
+
+
+def resend(books: Books, lease: Lease, part: PartitionState, state: RequestState) -> Program[float]:
+    """Send the claimed step's current pass again, unless it cannot run yet or its last
+    send is still fresh; returns when recovery should look again."""
+    rid, name = lease.request_id, lease.partition
+    if not (yield planner("runnable", rid, name, state)):
+        books.count("waiting")  # a consumer waiting for tokens: its producer nudges it
+        return books.deadlines.check_in(lease.sends + 1)
+    # The store lets a step be claimed only once its check time came, and every send set
+    # that to its deadline; but the deadline may have grown since (slower passes seen).
+    # Lease.sent_at cannot tell: ending a lease without sending also counts as a send.
+    wait = books.deadlines.wait(lease.sends)
+    since = books.since_sent(rid, name, part.fwd_pass_number)
+    if since is not None and since < wait:
+        books.count("fresh")  # this replica sent it lately: not lost yet
+        return wait - since
+    yield from dispatch(books, rid, name, part.fwd_pass_number, current_step(part))
+    books.count("resends")
+    yield Failpoint("after_dispatch")
+    return books.deadlines.check_in(lease.sends + 1)
+
+
+def pass_complete(part: PartitionState) -> bool:
+    """Every worker graph of the current pass has reported all its ranks."""
+    wgs = part.current_worker_graph_ids
+    return bool(wgs) and wgs <= part.completed_worker_graph_ids
+
+
+def current_step(part: PartitionState) -> Step:
+    """The partition's current pass, as ``dispatch`` takes it."""
+    return Step(part.metadata, tuple(sorted(part.current_worker_graph_ids)))
+
+
+# -- ingest, hand-over, duties ---------------------------------------------------------------
+
+
+def submit(books: Books, request_id: str, create: Mapping[str, Any]) -> Program[None]:
+    """Create a request (with its first pass's deadline) and send every partition's first
+    pass that can run; a resubmission is recognised by the create's op id."""
+    create = {"op_id": f"create:{request_id}", **create}
+    check_in = books.deadlines.check_in(1)
+    yield store("create_request", request_id, check_in=check_in, **create)
+    state: RequestState = yield store("load_request", request_id)
+    for name in state.partitions:
+        # create_request sends its recovery hint by EVALSHA without loading the script
+        # when the server lacks it (a fresh or restarted server): the hint is lost, and a
+        # first pass lost with it would never be looked at. Set it again, to be sure.
+        yield store("schedule_check", request_id, name, min(check_in, books.timing.lease_ttl))
+    for name, part in state.partitions.items():
+        if part.is_done or not part.current_worker_graph_ids:
+            continue
+        if (yield planner("runnable", request_id, name, state)):
+            step = current_step(part)
+            yield from dispatch(books, request_id, name, part.fwd_pass_number, step)
+
+
+def hand_over(books: Books, lease: Lease) -> Program[bool]:
+    """End a lease so that another replica takes the step at once; False if it was
+    superseded already, or Redis is unreachable (the lease runs out by itself then)."""
+    try:
+        yield store("release_lease", lease, check_in=0)
+    except (FencedError, NotFoundError, StoreConnectionError):
+        books.drop(lease)
+        return False
+    books.drop(lease)
+    books.count("handed_over")
+    return True
+
+
+def heartbeat(
+    books: Books, flushed: Mapping[str, int], store_retries: int
+) -> Program[dict[str, int]]:
+    """Beat and flush the counters since ``flushed``; returns the totals now flushed."""
+    totals = books.totals(store_retries)
+    held = books.held()
+    commands = flush_commands(
+        books.keys, books.replica_id, totals, flushed,
+        leases=len(held), requests=len({lease.request_id for lease in held}),
+        now=books.wall_clock(), heartbeat_interval=books.timing.heartbeat,
+    )  # fmt: skip
+    yield Call("registry", "heartbeat", (books.replica_id,), {"stats": commands})
+    return totals
+
+
+def reap(books: Books) -> Program[None]:
+    """Delete abandoned requests (and kept ones expired), forget long-silent replicas."""
+    yield store("reap", max_age=books.timing.max_request_age)
+    yield Call("registry", "prune", (), {"older_than": books.timing.prune_after})
+
+
+def leave(books: Books) -> Program[None]:
+    yield Call("registry", "forget", (books.replica_id,))
