@@ -55,6 +55,7 @@ class AsyncRequestStore(StoreSettings):
                 topology_cache_size,
                 reconnect,
                 history_cap,
+                instruments,
             )
         )
         self.client = client

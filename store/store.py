@@ -131,6 +131,7 @@ class RequestStore(StoreSettings):
                 topology_cache_size,
                 reconnect,
                 history_cap,
+                instruments,
             )
         )
         self.client = client

@@ -358,11 +358,6 @@ def test_timing_must_agree_with_the_store(client: redis.Redis, namespace: str) -
         Replica(store, planner=AsyncPlanner())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store (lead's claim_step.lua): a partition without a check time (done, or its "
-    "request finished) is claimed like a due one; it should be refused",
-)
 def test_claim_step_refuses_a_step_of_a_finished_request(make: Any) -> None:
     harness = make()
     rid = IDS[0]
@@ -370,3 +365,5 @@ def test_claim_step_refuses_a_step_of_a_finished_request(make: Any) -> None:
     pump(harness, [rid])
     partition = next(iter(harness.store.load_request(rid).partitions))
     assert harness.store.claim_step(rid, partition, "someone") is None
+    # ... and recovery is not asked to look at it again.
+    assert (rid, partition) not in harness.store.due_steps()

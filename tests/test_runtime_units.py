@@ -210,7 +210,7 @@ ALONE = Topology(("p",), ())
 
 def test_a_complete_report_drives_its_step_and_sends_the_next_pass() -> None:
     b = books()
-    outcome = ReportOutcome(True, 2, True, True, lease=lease(), partition=partition(0))
+    outcome = ReportOutcome(True, 2, True, True, lease=lease(), stored=lambda: partition(0))
     step = Step(META, ("wg",))
     result, seen = drive(
         decisions.apply_report(b, report("r", "p", 0), predict=False),
@@ -241,7 +241,7 @@ def test_a_predicted_step_is_taken_by_the_report_itself() -> None:
 
 def test_a_fenced_step_is_dropped() -> None:
     b = books()
-    outcome = ReportOutcome(False, 2, True, True, lease=lease(), partition=partition(0))
+    outcome = ReportOutcome(False, 2, True, True, lease=lease(), stored=lambda: partition(0))
     result, _ = drive(
         decisions.apply_report(b, report("r", "p", 0), predict=False),
         {"record_worker_report": outcome, "next_step": Step(META, ("wg",)),

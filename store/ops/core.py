@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -179,6 +180,7 @@ class Core:
         self.published = PublishLayout(self.codec)
         self.scripts = Scripts({name: script_files.source(name) for name in SCRIPT_NAMES})
         self._topologies: OrderedDict[str, Topology] = OrderedDict()
+        self._topology_lock = threading.Lock()
         self._op_pid, self._op_prefix, self._op_count = 0, "", itertools.count()
 
     # -- ids ------------------------------------------------------------------------------
@@ -411,13 +413,15 @@ class Core:
         return Topology(tuple(record.partitions), tuple(record.connections))
 
     def remember(self, rid: str, topology: Topology) -> None:
-        self._topologies[rid] = topology
-        self._topologies.move_to_end(rid)
-        while len(self._topologies) > self.settings.topology_cache_size:
-            self._topologies.popitem(last=False)
+        with self._topology_lock:  # a sync store is shared by threads
+            self._topologies[rid] = topology
+            self._topologies.move_to_end(rid)
+            while len(self._topologies) > self.settings.topology_cache_size:
+                self._topologies.popitem(last=False)
 
     def forget(self, rid: str) -> None:
-        self._topologies.pop(rid, None)
+        with self._topology_lock:
+            self._topologies.pop(rid, None)
 
 
 def pairs(fields: Mapping[str, bytes]) -> list[Any]:

@@ -51,7 +51,10 @@ def claim_step(
     holder = check_replica_id(replica_id, rid)
     if not holder:
         raise ValidationError("claim_step needs a replica id", request_id=rid)
-    keys = [core.keys.lease(rid), core.keys.partition(rid, name), core.keys.history(rid)]
+    keys = [
+        core.keys.lease(rid), core.keys.partition(rid, name), core.keys.history(rid),
+        core.keys.meta(rid),
+    ]  # fmt: skip
     args = [VERSION, name, holder, core.lease_ttl, core.history_cap]
     try:
         reply = yield from core.run(rid, "claim_step", keys, args, PartitionNotFound)
@@ -72,6 +75,9 @@ def claim_step(
         # Recovery looks again when this lease lapses, unless the step moves it on first.
         yield from schedule(core, rid, name, core.lease_ttl, mode="SET")
         return lease
+    if status == b"DONE":  # finished (kept for inspection): recovery has nothing to do
+        yield from unschedule(core, rid, [name])
+        return None
     # Not ours: look again when the holder's lease lapses, or at the check time.
     at, server_now = float(reply[2 if status == b"HELD" else 1]), float(reply[-1])
     yield from schedule(core, rid, name, max(0.0, at - server_now), mode="SET")
@@ -94,17 +100,24 @@ def take_step(core: Core, lease: Lease, step: Step, *, check_in: float | None = 
     conns: tuple[str, ...] = ()
     if step.done:  # a partition that finishes marks its outgoing streams done
         conns = (yield from core.topology(rid)).outgoing(lease.partition)
-    reply = yield from _step(core, lease, metadata, "1" if step.done else "0", check_in, wgs, conns)
+    done = "1" if step.done else "0"
+    reply = yield from _step(core, lease, metadata, done, check_in, wgs, conns, sent=True)
+    if reply[0] == b"OK":
+        core.instruments.count("passes")
     return int(reply[1])
 
 
-def release_lease(core: Core, lease: Lease, *, check_in: float | None = None) -> Op[None]:
+def release_lease(
+    core: Core, lease: Lease, *, check_in: float | None = None, sent: bool = True
+) -> Op[None]:
     """End the lease without advancing: the current pass was sent (again), or the step is
     handed over. Recovery looks at the partition again in ``check_in`` seconds if no report
     moves it on (``0``: at once, so another replica takes it over now; ``None``: never, the
-    partition is done). Raises ``FencedError`` if the lease was superseded.
+    partition is done). ``sent=False``: the pass was not sent (a hand-over, a pass that
+    cannot run yet), so ``Lease.sends`` / ``.sent_at`` keep saying when it last was.
+    Raises ``FencedError`` if the lease was superseded.
     """
-    yield from _step(core, lease, "", "0", check_in, [], ())
+    yield from _step(core, lease, "", "0", check_in, [], (), sent=sent)
 
 
 def _step(
@@ -115,6 +128,8 @@ def _step(
     check_in: float | None,
     wgs: Sequence[str],
     conns: Sequence[str],
+    *,
+    sent: bool,
 ) -> Op[list[Any]]:
     rid, name = lease.request_id, lease.partition
     keys = core.keys
@@ -123,7 +138,7 @@ def _step(
     check = check_in_arg(check_in, rid)
     args = [
         VERSION, lease.pass_number, name, lease.token, lease.holder, metadata, done, check,
-        core.history_cap, *wgs,
+        core.history_cap, "1" if sent else "0", *wgs,
     ]  # fmt: skip
     reply: list[Any] = yield from core.run(
         rid, "step", script_keys, args, PartitionNotFound, lease,

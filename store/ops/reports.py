@@ -234,9 +234,12 @@ def _outcome(
     if stepped is not None:
         core.instruments.count("passes")
     if token:
-        lease = Lease(rid, name, holder, token, fwd_pass, float(reply[5]))
+        lease = Lease(
+            rid, name, holder, token, fwd_pass, float(reply[5]),
+            sends=int(reply[7]), sent_at=float(reply[8]),
+        )  # fmt: skip
         if stepped is None:
-            part, pub = (_pairs(flat) for flat in reply[7:9])
+            part, pub = (_pairs(flat) for flat in reply[9:11])
 
             def stored() -> PartitionState:
                 return core.decode_partition(rid, name, part, pub)
@@ -257,14 +260,24 @@ def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
 
 
 def record_worker_reports(
-    core: Core, reports: Sequence[Report], *, replica_id: str | None = None
+    core: Core,
+    reports: Sequence[Report],
+    *,
+    replica_id: str | None = None,
+    then_steps: Sequence[Step | None] | None = None,
+    check_in: float | None = None,
 ) -> Op[list[ReportOutcome | StoreError]]:
     """Apply many reports (of any requests) at once: one round trip per Redis server for
     all of them, then each goes on as ``record_worker_report`` would on its own.
 
-    The result has one entry per report, in order: its outcome, or the ``StoreError`` it
-    met (one bad report does not fail the others).
+    ``then_steps`` (one per report, or None) are the steps to take in the same call when a
+    report completes its pass, as ``record_worker_report(then_step=...)`` does. The result
+    has one entry per report, in order: its outcome, or the ``StoreError`` it met (one bad
+    report does not fail the others).
     """
+    steps = list(then_steps) if then_steps is not None else [None] * len(reports)
+    if len(steps) != len(reports):
+        raise ValidationError(f"{len(steps)} then_steps for {len(reports)} reports")
     return (
         yield from gather(
             [
@@ -281,8 +294,10 @@ def record_worker_reports(
                     consumed=r.consumed,
                     replica_id=replica_id,
                     published=r.published,
+                    then_step=step,
+                    check_in=check_in,
                 )
-                for r in reports
+                for r, step in zip(reports, steps, strict=True)
             ]
         )
     )

@@ -2,15 +2,17 @@
 -- come (its driver died, or handed it over). A claim resent by the replica that holds the
 -- lease (its reply was lost) gets that lease back.
 -- KEYS[1] the request's lease hash   KEYS[2] the partition hash   KEYS[3] history stream
+-- KEYS[4] the request's meta hash (a finished request's steps are never claimed)
 -- ARGV[1] schema version   ARGV[2] partition name   ARGV[3] claiming replica
 -- ARGV[4] lease time to live (seconds)   ARGV[5] history cap
 -- Returns {'OK', token, current_pass, is_done, expires, sends, sent} (granted; 'MINE' with
 -- the same fields: the claimer's own live lease, given back), {'HELD', holder,
 -- expires, now} while another replica's lease is live, {'NOTDUE', check_time, now} before
--- the check time, or NOKEY/SCHEMA.
+-- the check time, {'DONE'} (the request is finished: nothing to recover), or NOKEY/SCHEMA.
 local bad = check_records({KEYS[2]}, ARGV[1])
 if bad then return bad end
 local lease, p = KEYS[1], ARGV[2]
+if redis.call('HGET', KEYS[4], '_finished') then return {'DONE'} end
 local t = now()
 local function bookkeeping()
   return redis.call('HGET', lease, 'sends[' .. p .. ']') or '0',

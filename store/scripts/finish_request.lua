@@ -16,7 +16,7 @@ if fenced then
     'outcome', 'fenced', 'token', ARGV[3], 'detail', 'current token ' .. fenced[2]})
   return fenced
 end
-redis.call('HSET', KEYS[1], 'finished_at', ARGV[6])
+redis.call('HSET', KEYS[1], 'finished_at', ARGV[6], '_finished', '1')
 -- No partition is driven any more: drop holders and check times, keep the tokens (a late
 -- write fenced with an old lease is still refused).
 local flat = redis.call('HGETALL', lease)

@@ -24,8 +24,9 @@
 -- changes nothing, and says what the first one did (whether it completed the pass, and the
 -- lease if this replica still holds it live). Exactly one report per pass completes it.
 -- Returns {'OK'|'DUP', rank_completions, wg_complete, pass_complete, lease_token,
--- lease_expiry, stepped_to_pass, partition fields, publish-info fields} (the last two when
--- a lease is returned and no step was taken), or an error status: NOKEY/SCHEMA (see _lib),
+-- lease_expiry, stepped_to_pass, sends, last_sent, partition fields, publish-info fields}
+-- (the last two when a lease is returned and no step was taken; sends and last_sent: how
+-- often and when the lease hash says the pass was sent), or an error status: NOKEY/SCHEMA,
 -- {'STALE', current_pass}, {'NOWG'}, {'BUSY'}, {'KIND', label}, {'RANGE', field}.
 local part, lease, pub = KEYS[1], KEYS[2], KEYS[3]
 local p, replica, cap = ARGV[9], ARGV[10], ARGV[12]
@@ -55,6 +56,14 @@ if #KEYS > 5 then
   if bad then return bad end
 end
 if held[2] ~= ARGV[2] then
+  if replica ~= '' and redis.call('HGET', lease, 'stepped_by[' .. p .. ']')
+      == ARGV[2] .. ':' .. rank .. ':' .. wg .. ':' .. replica then
+    -- The report that completed the pass and took the step in the same call, resent
+    -- after its reply was lost: say so, and which pass the step went to.
+    history(KEYS[5], cap, part, {'op', 'report', 'partition', p, 'pass', ARGV[2],
+      'rank', rank, 'wg', wg, 'replica', replica, 'outcome', 'duplicate'})
+    return {'DUP', 0, 1, 1, 0, '0', held[2], 0, '0'}
+  end
   history(KEYS[5], cap, part, {'op', 'report', 'partition', p, 'pass', ARGV[2], 'rank', rank,
     'wg', wg, 'replica', replica, 'outcome', 'stale', 'detail', 'partition at pass ' .. held[2]})
   return {'STALE', held[2]}
@@ -77,10 +86,11 @@ if held[10] or string.find(marks, ',' .. rank .. ',', 1, true) then
   history(KEYS[5], cap, part, {'op', 'report', 'partition', p, 'pass', ARGV[2],
     'rank', ARGV[4], 'wg', wg, 'replica', replica, 'outcome', 'duplicate'})
   if token ~= 0 then
-    return {'DUP', count, 1, 1, token, tostring(expires), 0,
+    local books = redis.call('HMGET', lease, 'sends[' .. p .. ']', 'sent[' .. p .. ']')
+    return {'DUP', count, 1, 1, token, tostring(expires), 0, books[1] or 0, books[2] or '0',
             redis.call('HGETALL', part), redis.call('HGETALL', pub)}
   end
-  return {'DUP', count, completed and 1 or 0, completed and 1 or 0, 0, '0', 0}
+  return {'DUP', count, completed and 1 or 0, completed and 1 or 0, 0, '0', 0, 0, '0'}
 end
 
 -- Everything is checked before the first write.
@@ -152,21 +162,23 @@ history(KEYS[5], cap, part, {'op', 'report', 'partition', p, 'pass', ARGV[2], 'r
   'detail', (n_labels > 0 and 'with published info' or '') ..
             (pass_complete == 1 and ' completed the pass' or '')})
 if pass_complete == 0 or replica == '' then
-  return {'OK', count, wg_complete, pass_complete, 0, '0', 0}
+  return {'OK', count, wg_complete, pass_complete, 0, '0', 0, 0, '0'}
 end
 
 local token, expires = grant_lease(lease, p, replica, t, ARGV[11], ARGV[2])
 if ARGV[15] ~= '1' then
-  return {'OK', count, wg_complete, 1, token, tostring(expires), 0,
-          redis.call('HGETALL', part), redis.call('HGETALL', pub)}
+  local books = redis.call('HMGET', lease, 'sends[' .. p .. ']', 'sent[' .. p .. ']')
+  return {'OK', count, wg_complete, 1, token, tostring(expires), 0, books[1] or 0,
+          books[2] or '0', redis.call('HGETALL', part), redis.call('HGETALL', pub)}
 end
 -- The step taken at once: the caller knew it before the pass completed.
 local wgs = {}
 for i = first_wg, first_label - 1 do wgs[#wgs + 1] = ARGV[i] end
 local new_pass = advance(part, ARGV[2], ARGV[16], ARGV[17], wgs, 6, last_out)
 redis.call('HSET', lease, 'stepped[' .. p .. ']', ARGV[2] .. ':' .. token, 'sends[' .. p .. ']', 1,
-           'sent[' .. p .. ']', t)
+           'sent[' .. p .. ']', t,
+           'stepped_by[' .. p .. ']', ARGV[2] .. ':' .. rank .. ':' .. wg .. ':' .. replica)
 end_lease(lease, p, t, ARGV[18])
 history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', new_pass,
   'replica', replica, 'outcome', 'applied', 'token', token})
-return {'OK', count, wg_complete, 1, token, tostring(expires), new_pass}
+return {'OK', count, wg_complete, 1, token, tostring(expires), new_pass, 1, tostring(t)}

@@ -8,7 +8,9 @@
 -- ARGV[6] encoded metadata of the next pass ('' : no advance, the pass is sent again)
 -- ARGV[7] '1' when the partition is done   ARGV[8] seconds until recovery should look at
 -- the partition if nothing moves it on ('' : never, the partition is done)
--- ARGV[9] history cap   ARGV[10..] worker graph ids of the next pass
+-- ARGV[9] history cap   ARGV[10] '1' when the pass is (being) sent, '0' when the lease
+-- only ends (handed over, or the pass cannot run yet): the send counts stay as they are
+-- ARGV[11..] worker graph ids of the next pass
 -- A step resent after a lost reply is recognised ("stepped[p]" holds the pass and token
 -- of the last step taken) and changes nothing, even after newer leases were granted.
 -- Returns {'OK', pass_now, sends}, {'DUP', pass_now, sends}, {'STALE', current_pass} (an
@@ -39,16 +41,20 @@ end
 local sends
 if advancing then
   local wgs = {}
-  for i = 10, #ARGV do wgs[#wgs + 1] = ARGV[i] end
+  for i = 11, #ARGV do wgs[#wgs + 1] = ARGV[i] end
   current = advance(part, ARGV[2], ARGV[6], ARGV[7], wgs, 4, #KEYS)
   sends = 1
-  redis.call('HSET', lease, 'stepped[' .. p .. ']', stepped)
-else
+  redis.call('HSET', lease, 'stepped[' .. p .. ']', stepped, 'sends[' .. p .. ']', 1,
+             'sent[' .. p .. ']', t)
+elseif ARGV[10] == '1' then
   sends = redis.call('HINCRBY', lease, 'sends[' .. p .. ']', 1)
+  redis.call('HSET', lease, 'sent[' .. p .. ']', t)
+else  -- the lease only ends: no send to count
+  sends = tonumber(redis.call('HGET', lease, 'sends[' .. p .. ']') or '0')
 end
-redis.call('HSET', lease, 'sends[' .. p .. ']', sends, 'sent[' .. p .. ']', t)
 end_lease(lease, p, t, ARGV[8])
-history(KEYS[3], ARGV[9], part, {'op', advancing and 'step' or 'resend', 'partition', p,
+history(KEYS[3], ARGV[9], part, {'op', advancing and 'step' or (ARGV[10] == '1' and 'resend'
+  or 'release'), 'partition', p,
   'pass', current, 'replica', ARGV[5], 'outcome', 'applied', 'token', ARGV[4],
   'detail', ARGV[7] == '1' and 'partition done' or ''})
 return {'OK', current, sends}
