@@ -23,6 +23,9 @@ on a cluster. Only the request index lives outside any request's slot.
     <ns>:{<rid>}:pub:<partition>          hash: resource label -> encoded PublishedInfo
     <ns>:{<rid>}:merging:<partition>      string, short-lived: an optimistic merge that kept
                                           losing asks server-side merges to wait
+    <ns>:{<rid>}:merging-queue:<partition>
+                                          hash, short-lived: the optimistic merges waiting
+                                          for that claim, served in turn
     <ns>:{<rid>}:conn:<from>-><to>        hash: StreamingConnectionState
     <ns>:{<rid>}:ops                      sorted set: applied operation id -> time (dedupe)
     <ns>:{<rid>}:lease                    hash: fencing token, and per partition the lease
@@ -185,6 +188,9 @@ class KeySpace:
     def merging(self, request_id: str, partition: str) -> str:
         return f"{self.request_prefix(request_id)}merging:{partition}"
 
+    def merging_queue(self, request_id: str, partition: str) -> str:
+        return f"{self.request_prefix(request_id)}merging-queue:{partition}"
+
     def lease(self, request_id: str) -> str:
         return f"{self.request_prefix(request_id)}lease"
 
@@ -206,6 +212,7 @@ class KeySpace:
                 self.partition(request_id, name),
                 self.publish_info(request_id, name),
                 self.merging(request_id, name),
+                self.merging_queue(request_id, name),
             ]
         keys += [self.connection(request_id, name) for name in connections]
         return keys

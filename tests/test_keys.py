@@ -31,6 +31,7 @@ def test_exact_keys() -> None:
     assert KEYS.ops("r1") == "ns:{r1}:ops"
     assert KEYS.lease("r1") == "ns:{r1}:lease"
     assert KEYS.merging("r1", "llm") == "ns:{r1}:merging:llm"
+    assert KEYS.merging_queue("r1", "llm") == "ns:{r1}:merging-queue:llm"
     assert KEYS.deadlines == "ns:deadlines"
     assert KEYS.replicas == "ns:replicas"
 
@@ -48,9 +49,11 @@ def test_request_keys_lists_every_key_of_the_topology() -> None:
         "ns:{r}:part:llm",
         "ns:{r}:pub:llm",
         "ns:{r}:merging:llm",
+        "ns:{r}:merging-queue:llm",
         "ns:{r}:part:codec",
         "ns:{r}:pub:codec",
         "ns:{r}:merging:codec",
+        "ns:{r}:merging-queue:codec",
         "ns:{r}:conn:llm->codec",
     ]
 
@@ -67,7 +70,7 @@ request_ids = st.text(
 def test_every_request_key_shares_one_slot(rid: str, a: str, b: str) -> None:
     space = KeySpace("some:ns")
     keys = space.request_keys(rid, [a, b], [connection_name(a, b)])
-    assert len(keys) == 11
+    assert len(keys) == 13
     assert validate_request_id(rid) == rid
     assert {key_slot(k.encode()) for k in keys} == {key_slot(rid.encode())}
     # The shared keys hash on their whole name, in no request's tag.

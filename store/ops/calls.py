@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.errors import StoreConnectionError, StoreError
+from store.backoff import RetryPolicy
+from store.errors import StoreConnectionError, StoreError, TransactionConflictError
 from store.ops.effects import (
     Command,
     Disconnected,
@@ -245,3 +246,23 @@ def hash_reply(reply: Any) -> dict[bytes, bytes]:
     if isinstance(reply, dict):
         return reply
     return dict(zip(reply[::2], reply[1::2], strict=True))
+
+
+class BusyWait:
+    """The waits of a server-side write that found an optimistic merge holding its partition.
+
+    Bounded by time (``RetryPolicy.max_wait``), not by a count of tries: while starved merges
+    take the partition in turn, a write steps in between them, however many there are.
+    """
+
+    def __init__(self, retry: RetryPolicy, where: Where) -> None:
+        self._retry = retry
+        self._where = where
+        self._waits = 0
+        self._patience = Reconnect(give_up_after=retry.max_wait).patience()
+
+    def pause(self) -> Op[None]:
+        self._waits += 1
+        if self._patience.next_pause() is None:
+            raise TransactionConflictError(self._waits, **self._where)
+        yield Sleep(self._retry.delay(self._waits))

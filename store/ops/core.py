@@ -45,6 +45,7 @@ from store.keys import KeySpace
 from store.observe import Instruments
 from store.ops.calls import (
     DEFAULT_RECONNECT,
+    BusyWait,
     Reconnect,
     ScriptCall,
     Scripts,
@@ -73,6 +74,7 @@ SCRIPT_NAMES = (
     "claim_step",
     "renew_lease",
     "merge_parts",
+    "merge_claim",
     "hint",
     "due_steps",
     "replicas",
@@ -223,6 +225,10 @@ class Core:
                 replies = yield from self._load_missing(one.key, one.commands, replies, where)
             out.append(replies)
         return out
+
+    def busy_waiting(self, key: str, *, request_id: str) -> BusyWait:
+        """How a script that answered BUSY waits for the optimistic merge before it."""
+        return BusyWait(self.retry, {"request_id": request_id, "key": key})
 
     def script(
         self,

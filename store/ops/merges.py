@@ -16,14 +16,17 @@ from store.errors import (
 from store.keys import validate_name, validate_request_id
 from store.ops.calls import hash_reply
 from store.ops.core import VERSION, Core, pairs, window
-from store.ops.effects import Command, Op, Sleep
+from store.ops.effects import Command, Op
 from store.ops.transaction import Outcome, Plan, optimistic
 from store.schema import VERSION_FIELD
 from store.upgrade import RecordOutdated, upgrade_stored
 
-# An optimistic merge that lost this many rounds asks server-side merges to wait CLAIM_MS.
+# An optimistic merge that lost this many rounds queues for the partition's claim, which
+# makes server-side merges wait (CLAIM_MS at most). A waiter that has not asked for its
+# turn in QUEUE_LAPSE_MS (its task was cancelled, its process died) loses its place.
 CLAIM_AFTER = 4
 CLAIM_MS = 200
+QUEUE_LAPSE_MS = 1000
 
 
 def merge_publish_info(
@@ -67,15 +70,14 @@ def merge_publish_info(
             keys.history(rid),
         ]  # fmt: skip
         args = [VERSION, op, core.dedupe_window, core.history_cap, name, *server.args]
-        for waited in range(core.retry.max_attempts):
+        waiting = core.busy_waiting(pub, request_id=rid)
+        while True:
             reply, *read = yield from core.run(
                 rid, "merge_parts", merge_keys, args, PartitionNotFound, reads=reads
             )
             if reply[0] != b"BUSY":
                 break
-            yield Sleep(core.retry.delay(waited + 1))  # an optimistic merge goes first
-        else:
-            raise TransactionConflictError(core.retry.max_attempts, request_id=rid, key=pub)
+            yield from waiting.pause()  # an optimistic merge holds the partition: it goes first
         if reply[0] == b"DUP":
             core.instruments.count("duplicates")
         if reply[0] != b"KIND":
@@ -105,9 +107,8 @@ def _merge_optimistic(
     keys = core.keys
     meta, part = keys.meta(rid), keys.partition(rid, name)
     pub, ops = keys.publish_info(rid, name), keys.ops(rid)
-    claim, token = keys.merging(rid, name), core.new_op_id()
+    claim, queue, token = keys.merging(rid, name), keys.merging_queue(rid, name), core.new_op_id()
     own_claim = token.encode()
-    claimed = False  # this merge took the claim at least once (it deletes it when done)
     queued = False  # lost enough rounds to commit only while holding the claim
     seen_claim: bytes | None = None  # the claim as the last read saw it
     now, window_seconds = window(core)
@@ -118,15 +119,12 @@ def _merge_optimistic(
         # optimistic merges on one partition keep invalidating each other: after a few
         # lost rounds, a merge queues for the partition's claim (held for at most CLAIM_MS)
         # and commits only while it holds it. While it is held, server-side merges and
-        # the other optimistic merges step aside, so the claim passes from one starved
-        # merge to the next instead of all of them racing whenever it is free.
-        nonlocal claimed, queued
+        # the other optimistic merges step aside; the queue hands the claim to the
+        # starved merges in the order they queued, so none waits behind luckier ones.
+        nonlocal queued
         if failed >= CLAIM_AFTER and seen_claim != own_claim:
             queued = True
-            (took,) = yield from core.send(
-                claim, [("SET", claim, token, "NX", "PX", CLAIM_MS)], where
-            )
-            claimed = claimed or took is not None
+            yield from core.script("merge_claim", [claim, queue], [*claim_args, "TAKE"], where)
 
     reads: list[Command] = [
         ("HGETALL", pub),
@@ -178,6 +176,11 @@ def _merge_optimistic(
         ]
         return Plan(writes, merged)
 
+    claim_args = [token, CLAIM_MS, QUEUE_LAPSE_MS]
+
+    def leave() -> Op[None]:  # out of the queue, and the claim freed if this merge holds it
+        yield from core.script("merge_claim", [claim, queue], [*claim_args, "LEAVE"], where)
+
     def run() -> Op[Outcome[dict[str, PublishedInfo]]]:
         return optimistic([pub, meta], reads, body, core.retry, where, on_retry, core.reconnect)
 
@@ -189,17 +192,17 @@ def _merge_optimistic(
             outcome = yield from run()
     except TransactionConflictError:
         core.instruments.count("conflicts")
-        if claimed:
-            yield from core.send(claim, [("DEL", claim)], where)
+        if queued:
+            yield from leave()
         raise
     except GeneratorExit:  # abandoned by its driver (a cancelled task): the claim lapses
         raise
     except BaseException:
-        if claimed:
-            yield from core.send(claim, [("DEL", claim)], where)
+        if queued:
+            yield from leave()
         raise
-    if claimed:  # let server-side merges go on (it also lapses by itself)
-        yield from core.send(claim, [("DEL", claim)], where)
+    if queued:  # let the next in turn and server-side merges go on
+        yield from leave()
     core.stats.transactions += 1
     core.stats.attempts += outcome.attempts
     if outcome.attempts > 1:

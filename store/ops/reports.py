@@ -19,7 +19,6 @@ from store.errors import (
     PartitionNotFound,
     StalePassError,
     StoreError,
-    TransactionConflictError,
     UnknownWorkerGraphError,
     ValidationError,
 )
@@ -27,7 +26,7 @@ from store.keys import validate_name, validate_request_id
 from store.ops.args import check_replica_id
 from store.ops.batch import gather
 from store.ops.core import VERSION, Core, Topology
-from store.ops.effects import Op, Sleep
+from store.ops.effects import Op
 from store.ops.leases import check_in_arg, step_hint
 from store.ops.merges import merge_publish_info
 from store.records import Lease, Report, ReportOutcome, Step
@@ -91,8 +90,7 @@ def record_worker_report(
     output_names = list(output_names) if output_names else []
     if rank != 0 and (new_tokens or consumed or output_names):
         raise ValidationError(
-            f"only the rank-0 report carries tokens, consumed counts and outputs "
-            f"(got rank {rank})",
+            f"only the rank-0 report carries tokens, consumed counts and outputs (got rank {rank})",
             request_id=rid,
             key=key,
         )
@@ -189,15 +187,15 @@ def _run_report(
     """The report script; BUSY (an optimistic merge holds the partition) waits and retries."""
     stepping = step.fixed[0] == "1"
     partition = args[8]
-    for waited in range(core.retry.max_attempts):
+    waiting = core.busy_waiting(keys[2], request_id=rid)
+    while True:
         alongside = step_hint(core, rid, partition, step.fixed[3]) if stepping else ()
         reply: list[Any] = yield from core.run(
             rid, "report", keys, args, PartitionNotFound, alongside=alongside
         )
         if reply[0] != b"BUSY":
             return reply
-        yield Sleep(core.retry.delay(waited + 1))  # an optimistic merge goes first
-    raise TransactionConflictError(core.retry.max_attempts, request_id=rid, key=keys[2])
+        yield from waiting.pause()  # an optimistic merge holds the partition: it goes first
 
 
 def _merge_first(

@@ -1,0 +1,55 @@
+"""The merging claim is served in turn: starved optimistic merges get it in the order they
+queued, a waiter that stopped asking loses its place, and leaving frees only its own claim."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from store import scripts as script_files
+
+CLAIM_MS = 5_000
+LAPSE_MS = 300
+
+
+def claim_script(client: redis.Redis, namespace: str):  # type: ignore[no-untyped-def]
+    script = client.register_script(script_files.source("merge_claim"))
+    keys = [f"{namespace}:{{r}}:merging:p", f"{namespace}:{{r}}:merging-queue:p"]
+
+    def call(token: str, mode: str = "TAKE") -> int:
+        return int(script(keys=keys, args=[token, CLAIM_MS, LAPSE_MS, mode]))
+
+    return call, keys
+
+
+def test_waiters_get_the_claim_in_the_order_they_queued(
+    client: redis.Redis, namespace: str
+) -> None:
+    take, (claim, _) = claim_script(client, namespace)
+    assert take("a") == 1 and take("a") == 1  # free: taken; asked again: still held
+    for waiter in ("c", "b", "d"):  # queued in this order while "a" holds it
+        assert take(waiter) == 0
+    assert take("a", "LEAVE") == 0 and client.get(claim) is None
+    assert [take("b"), take("d")] == [0, 0]  # free, but "c" queued first
+    assert take("c") == 1 and client.get(claim) == b"c"
+    take("c", "LEAVE")
+    assert [take("d"), take("b")] == [0, 1]
+
+
+def test_a_waiter_that_stopped_asking_loses_its_place(client: redis.Redis, namespace: str) -> None:
+    take, (claim, queue) = claim_script(client, namespace)
+    assert take("a") == 1
+    assert [take("gone"), take("b")] == [0, 0]
+    take("a", "LEAVE")
+    time.sleep(LAPSE_MS / 1000 * 1.5)  # "gone" never asks again; "b" asks now
+    assert take("b") == 1
+    assert set(client.hgetall(queue)) <= {b"#"}  # the ticket counter alone
+    assert 0 < client.pttl(claim) <= CLAIM_MS
+
+
+def test_leaving_frees_only_the_leavers_own_claim(client: redis.Redis, namespace: str) -> None:
+    take, (claim, queue) = claim_script(client, namespace)
+    assert take("a") == 1 and take("b") == 0
+    take("b", "LEAVE")  # gives up while "a" holds the claim
+    assert client.get(claim) == b"a" and set(client.hgetall(queue)) <= {b"#"}
