@@ -311,7 +311,7 @@ def test_drain_hands_over_and_another_replica_takes_over_within_one_interval(
     pump(b, ids)
     for rid in ids:
         entries = client.xrange(a.store.keys.history(rid))
-        released = [int(i.split(b"-")[0]) for i, f in entries if f.get(b"op") == b"resend"
+        released = [int(i.split(b"-")[0]) for i, f in entries if f.get(b"op") == b"release"
                     and f.get(b"replica") == b"replica-a"]  # fmt: skip
         claims = [int(i.split(b"-")[0]) for i, f in entries if f.get(b"op") == b"claim"
                   and f.get(b"replica") == b"replica-b"]  # fmt: skip

@@ -282,6 +282,22 @@ def test_recovery_does_not_resend_a_pass_sent_lately_or_one_that_cannot_run() ->
     assert "dispatch" not in calls(seen) and b.counts["waiting"] == 1
 
 
+def test_recovery_does_not_resend_a_pass_another_replica_sent_lately() -> None:
+    # Claimed at 100 (expires 110, lease_ttl 10): the last holder sent the pass at 99.75, as
+    # the store recorded; this replica never sent it. Ending the lease counts no send.
+    b = books(Timing(lease_ttl=10.0, pass_deadline=1.0, jitter=0.0))
+    released: list[tuple[float, bool]] = []
+    answers = {"load_request": request(partition(0)), "topology": ALONE, "runnable": True,
+               "release_lease": lambda call: released.append(
+                   (call.kwargs["check_in"], call.kwargs["sent"]))}  # fmt: skip
+    _, seen = drive(decisions.redo(b, claimed(sends=1, sent_at=99.75)), answers)
+    assert "dispatch" not in calls(seen) and released == [(0.75, False)]
+    _, seen = drive(
+        decisions.redo(b, claimed(sends=1, sent_at=95.0)), {**answers, "dispatch": None}
+    )
+    assert "dispatch" in calls(seen) and released[1] == (2.0, True)
+
+
 def test_recovery_takes_a_complete_pass_s_step_and_finishes_a_done_request() -> None:
     b = books()
     states = [request(partition(0, complete=True)), request(partition(1, done=True))]

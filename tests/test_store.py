@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Callable
 from typing import Any
 
+import fakeredis
 import pytest
 import redis
 from hypothesis import given
@@ -34,6 +36,7 @@ from store import (
     UnknownWorkerGraphError,
     ValidationError,
 )
+from store import scripts as script_files
 from tests import strategies as s
 from tests.stores import Stores
 from tests.strategies import STORE_SETTINGS, BeamConfig, ScoreInfo, user_registry
@@ -317,6 +320,23 @@ def test_merge_nothing_is_a_no_op(store: RequestStore) -> None:
 
 
 # -- create, load and delete errors -----------------------------------------------------------
+
+
+def test_create_schedules_recovery_on_a_server_without_the_scripts(
+    store: RequestStore, client: redis.Redis
+) -> None:
+    # The hint goes out beside the create, before any script ran: on a server that lacks
+    # them (fresh, restarted, its cache flushed) it is loaded, not lost with the first pass.
+    # Each fake test has a fresh server; the shared real one is not flushed under others.
+    if isinstance(client, fakeredis.FakeRedis):
+        hint = hashlib.sha1(script_files.source("hint").encode()).hexdigest()
+        assert client.script_exists(hint) == [False]
+    store.create_request(
+        "r1", partitions={"llm": PartitionState("llm", PREFILL, current_worker_graph_ids={"wg"})},
+        connections={}, max_output_tokens=8, check_in=30.0,
+    )  # fmt: skip
+    (server_now, _), score = client.time(), client.zscore(store.keys.deadlines, "r1 llm")
+    assert score is not None and 0 < score - server_now <= 30.0 + 1
 
 
 def test_create_of_an_existing_id_is_refused(store: RequestStore) -> None:

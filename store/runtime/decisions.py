@@ -413,16 +413,16 @@ def redo(books: Books, lease: Lease) -> Program[None]:
             _, finished = yield from finish_if_done(books, lease, state)
             yield from nudge_consumers(books, rid, name, state)
             if not finished:
-                yield store("release_lease", lease, check_in=None)
+                yield store("release_lease", lease, check_in=None, sent=False)
         elif pass_complete(part):
             step = yield planner("next_step", rid, name, part)
             new_pass = yield store("take_step", lease, step, check_in=books.deadlines.check_in(1))
             yield from took_step(books, lease, step, new_pass, ReportStatus.APPLIED)
         else:
             yield from nudge_consumers(books, rid, name, state)
-            check_in = yield from resend(books, lease, part, state)
+            check_in, sent = yield from resend(books, lease, part, state)
             yield Failpoint("before_release")
-            yield store("release_lease", lease, check_in=check_in)
+            yield store("release_lease", lease, check_in=check_in, sent=sent)
     except (FencedError, StalePassError):
         books.count("fenced")  # claimed again by another replica meanwhile: it drives
     except NotFoundError:
@@ -430,25 +430,37 @@ def redo(books: Books, lease: Lease) -> Program[None]:
     books.drop(lease)
 
 
-def resend(books: Books, lease: Lease, part: PartitionState, state: RequestState) -> Program[float]:
+def resend(
+    books: Books, lease: Lease, part: PartitionState, state: RequestState
+) -> Program[tuple[float, bool]]:
     """Send the claimed step's current pass again, unless it cannot run yet or its last
-    send is still fresh; returns when recovery should look again."""
+    send is still fresh; returns when recovery should look again, and whether it sent."""
     rid, name = lease.request_id, lease.partition
     if not (yield planner("runnable", rid, name, state)):
         books.count("waiting")  # a consumer waiting for tokens: its producer nudges it
-        return books.deadlines.check_in(lease.sends + 1)
+        return books.deadlines.check_in(lease.sends + 1), False
     # The store lets a step be claimed only once its check time came, and every send set
     # that to its deadline; but the deadline may have grown since (slower passes seen).
-    # Lease.sent_at cannot tell: ending a lease without sending also counts as a send.
     wait = books.deadlines.wait(lease.sends)
-    since = books.since_sent(rid, name, part.fwd_pass_number)
+    since = last_sent(books, lease, part.fwd_pass_number)
     if since is not None and since < wait:
-        books.count("fresh")  # this replica sent it lately: not lost yet
-        return wait - since
+        books.count("fresh")  # sent lately (by this replica or the last holder): not lost yet
+        return wait - since, False
     yield from dispatch(books, rid, name, part.fwd_pass_number, current_step(part))
     books.count("resends")
     yield Failpoint("after_dispatch")
-    return books.deadlines.check_in(lease.sends + 1)
+    return books.deadlines.check_in(lease.sends + 1), True
+
+
+def last_sent(books: Books, lease: Lease, fwd_pass: int) -> float | None:
+    """Seconds since the pass was last sent, as far as anyone knows: this replica's own
+    sends, or the store's record of the last send by any replica (``Lease.sent_at``, by
+    the server's clock, as the claim time ``expires_at - lease_ttl`` is)."""
+    since = books.since_sent(lease.request_id, lease.partition, fwd_pass)
+    if lease.sent_at > 0:
+        recorded = max(0.0, lease.expires_at - books.timing.lease_ttl - lease.sent_at)
+        since = recorded if since is None else min(since, recorded)
+    return since
 
 
 def pass_complete(part: PartitionState) -> bool:
@@ -472,11 +484,6 @@ def submit(books: Books, request_id: str, create: Mapping[str, Any]) -> Program[
     check_in = books.deadlines.check_in(1)
     yield store("create_request", request_id, check_in=check_in, **create)
     state: RequestState = yield store("load_request", request_id)
-    for name in state.partitions:
-        # create_request sends its recovery hint by EVALSHA without loading the script
-        # when the server lacks it (a fresh or restarted server): the hint is lost, and a
-        # first pass lost with it would never be looked at. Set it again, to be sure.
-        yield store("schedule_check", request_id, name, min(check_in, books.timing.lease_ttl))
     for name, part in state.partitions.items():
         if part.is_done or not part.current_worker_graph_ids:
             continue
@@ -489,7 +496,7 @@ def hand_over(books: Books, lease: Lease) -> Program[bool]:
     """End a lease so that another replica takes the step at once; False if it was
     superseded already, or Redis is unreachable (the lease runs out by itself then)."""
     try:
-        yield store("release_lease", lease, check_in=0)
+        yield store("release_lease", lease, check_in=0, sent=False)
     except (FencedError, NotFoundError, StoreConnectionError):
         books.drop(lease)
         return False
