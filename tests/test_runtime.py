@@ -31,7 +31,7 @@ from store.cli.simulate.replica import Timing as SimTiming
 from store.records import Report
 from store.runtime import Replica
 from tests.runtime_harness import FAST, Harness, final_states, finished, pump
-from tests.runtime_planner import PredictingPlanner, SimPlanner
+from tests.runtime_planner import PredictingPlanner, SimPlanner, TwoRankPlanner
 
 SEED = 11
 IDS = model.request_ids(6)
@@ -173,6 +173,26 @@ def test_a_resent_completing_report_still_drives_its_step(make: Any) -> None:
     result = harness.apply_report(report)
     assert (result.status, result.drove, result.new_pass) == (ReportStatus.DUPLICATE, True, 1)
     assert harness.store.load_partition(rid, model.DEFAULT).fwd_pass_number == 1
+
+
+def test_a_resent_report_that_took_its_predicted_step_sends_the_new_pass(make: Any) -> None:
+    """The completing report took its predicted step in the same call and its reply was
+    lost (here: applied by the store directly under this replica's id, the pass never
+    sent): the resend is a duplicate that sends the new pass at once."""
+    harness = make(TwoRankPlanner(3, predict=True))
+    harness.submit("r")
+    harness.planner.sent.clear()
+    first, last = harness.planner.reports_for("r", "llm", 0)
+    assert harness.apply_report(first).status is ReportStatus.APPLIED
+    outcome = harness.store.record_worker_report(
+        "r", "llm", fwd_pass=0, worker_graph_id="llm-tp2", rank=1, num_ranks=2,
+        published=last.published, replica_id=harness.replica.id,
+        then_step=harness.planner.predict_step(last), check_in=30.0,
+    )  # fmt: skip
+    assert outcome.stepped_to == 1 and harness.planner.sent == []
+    result = harness.apply_report(last)
+    assert (result.status, result.drove, result.new_pass) == (ReportStatus.DUPLICATE, True, 1)
+    assert harness.planner.sent == [("r", "llm", 1)]
 
 
 def test_a_step_claimed_by_another_replica_first_is_fenced(make: Any, kind: str) -> None:

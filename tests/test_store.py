@@ -33,6 +33,7 @@ from store import (
     RequestNotFound,
     RequestStore,
     StalePassError,
+    Step,
     UnknownWorkerGraphError,
     ValidationError,
 )
@@ -549,6 +550,46 @@ def test_duplicate_report_counts_once(store: RequestStore) -> None:
     assert llm.num_output_tokens == 2
     assert llm.curr_forward_outputs == ["t"]
     assert store.load_connection("r1", LLM_TO_CODEC).token_count == 2
+
+
+def test_a_resent_report_that_took_its_step_says_so_with_the_fence(
+    store: RequestStore,
+) -> None:
+    # rank 1 completes pass 0 and takes the decode step in the same call; its reply is lost
+    # and it is sent again: the duplicate names the new pass and the ended lease's token,
+    # which still fences what follows the step (here, finishing the request).
+    create_two_partitions(store)
+
+    def report(rank: int, fwd_pass: int = 0) -> Any:
+        return store.record_worker_report(
+            "r1", "codec", fwd_pass=fwd_pass, worker_graph_id="wg-codec", rank=rank,
+            num_ranks=2, replica_id="a", then_step=Step(DECODE, ("wg-codec",)), check_in=30.0,
+        )  # fmt: skip
+
+    report(0)
+    first, again = report(1), report(1)
+    assert (first.applied, first.pass_complete, first.stepped_to) == (True, True, 1)
+    assert (again.applied, again.pass_complete, again.stepped_to) == (False, True, 1)
+    assert first.lease is not None and again.lease is not None
+    assert again.lease.token == first.lease.token and again.partition is None
+    store.finish_request("r1", fence=again.lease, keep_for=60.0)
+    assert store.load_record("r1").finished_at
+
+
+def test_a_report_resent_after_later_steps_is_stale(store: RequestStore) -> None:
+    create_two_partitions(store)
+    step = Step(DECODE, ("wg-codec",))
+    for fwd_pass in (0, 1):  # pass 0 stepped in-report, then pass 1 too
+        for rank in (0, 1):
+            store.record_worker_report(
+                "r1", "codec", fwd_pass=fwd_pass, worker_graph_id="wg-codec", rank=rank,
+                num_ranks=2, replica_id="a", then_step=step, check_in=30.0,
+            )  # fmt: skip
+    with pytest.raises(StalePassError):
+        store.record_worker_report(
+            "r1", "codec", fwd_pass=0, worker_graph_id="wg-codec", rank=1, num_ranks=2,
+            replica_id="a", then_step=step, check_in=30.0,
+        )  # fmt: skip
 
 
 def test_pass_completes_once_across_worker_graphs(store: RequestStore) -> None:

@@ -129,8 +129,11 @@ def apply_report(books: Books, report: Report, *, predict: bool) -> Program[Repo
     if lease is None:
         return ReportResult(status)
     if outcome.stepped_to is not None:
+        # This report took the step; a resend of it (its reply was lost) sends the new pass
+        # again, since the first may never have been sent.
         assert step is not None  # only a step given with the report is taken in it
-        books.count("passes")
+        if outcome.applied:
+            books.count("passes")
         return (yield from stepped(books, lease, step, outcome.stepped_to, status))
     assert outcome.partition is not None  # returned with every lease a report is granted
     step = yield planner("next_step", report.request_id, report.partition, outcome.partition)

@@ -56,13 +56,16 @@ if #KEYS > 5 then
   if bad then return bad end
 end
 if held[2] ~= ARGV[2] then
-  if replica ~= '' and redis.call('HGET', lease, 'stepped_by[' .. p .. ']')
-      == ARGV[2] .. ':' .. rank .. ':' .. wg .. ':' .. replica then
+  local took = redis.call('HMGET', lease, 'stepped_by[' .. p .. ']', 'stepped[' .. p .. ']')
+  local took_pass, took_token = string.match(took[2] or '', '^(%d+):(%d+)$')
+  if replica ~= '' and took[1] == ARGV[2] .. ':' .. rank .. ':' .. wg .. ':' .. replica
+      and took_pass == ARGV[2] and tonumber(held[2]) == tonumber(ARGV[2]) + 1 then
     -- The report that completed the pass and took the step in the same call, resent
-    -- after its reply was lost: say so, and which pass the step went to.
+    -- after its reply was lost, and no step since: say so, with the pass the step went
+    -- to and the token of the lease it ended (it still fences the finish that follows).
     history(KEYS[5], cap, part, {'op', 'report', 'partition', p, 'pass', ARGV[2],
       'rank', rank, 'wg', wg, 'replica', replica, 'outcome', 'duplicate'})
-    return {'DUP', 0, 1, 1, 0, '0', held[2], 0, '0'}
+    return {'DUP', 0, 1, 1, took_token, '0', held[2], 1, '0'}
   end
   history(KEYS[5], cap, part, {'op', 'report', 'partition', p, 'pass', ARGV[2], 'rank', rank,
     'wg', wg, 'replica', replica, 'outcome', 'stale', 'detail', 'partition at pass ' .. held[2]})
