@@ -526,6 +526,12 @@ class RedisCluster(_Started):
         rejoins as a replica of the node promoted in its place)."""
         self._wait_ok()
         deadline = time.monotonic() + CLUSTER_TIMEOUT
+        # Right after `--cluster create` a replica may still call itself a master, and the
+        # nodes learn who replicates whom by gossip: wait until the map says it.
+        while self.replicas and not self._replicated():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster's replicas did not show in its map")
+            time.sleep(0.05)
         for node in self.nodes:
             while True:
                 with node.client(socket_timeout=1) as c:
@@ -535,6 +541,22 @@ class RedisCluster(_Started):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"replica on port {node.port} did not sync with its master")
                 time.sleep(0.05)
+
+    def _replicated(self) -> bool:
+        """Every master has its replicas, as every running node sees the map."""
+        for node in self.nodes:
+            if not node.running:
+                continue
+            try:
+                with node.client(socket_timeout=1) as c:
+                    nodes = parse_cluster_nodes(c.execute_command("CLUSTER", "NODES"))
+            except redis.RedisError:
+                return False
+            masters = [n for n in nodes if "master" in n.flags and "fail" not in n.flags]
+            for master in masters:
+                if sum(n.master_id == master.id for n in nodes) < self.replicas:
+                    return False
+        return True
 
     def node(self, port: int) -> RedisServer:
         return next(n for n in self.nodes if n.port == port)

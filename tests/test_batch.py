@@ -33,10 +33,19 @@ def create(store: Any) -> None:
 
 reports = st.builds(
     lambda rid, fwd_pass, rank, wg, kv, tokens: Report(
-        request_id=rid, partition="p", fwd_pass=fwd_pass, worker_graph_id=wg, rank=rank,
-        num_ranks=2, new_tokens=tokens if rank == 0 else 0,
-        published={"kv": PublishedKVInfo({rank: {"p": KVSequenceInfo(3, None, [rank])}}, 2),
-                   "pos": PublishedPositionInfo({"p": fwd_pass})} if kv else {},
+        request_id=rid,
+        partition="p",
+        fwd_pass=fwd_pass,
+        worker_graph_id=wg,
+        rank=rank,
+        num_ranks=2,
+        new_tokens=tokens if rank == 0 else 0,
+        published={
+            "kv": PublishedKVInfo({rank: {"p": KVSequenceInfo(3, None, [rank])}}, 2),
+            "pos": PublishedPositionInfo({"p": fwd_pass}),
+        }
+        if kv
+        else {},
     ),
     st.sampled_from([*RIDS, "missing", "bad id"]),
     st.sampled_from([0, 0, 1]),
@@ -82,9 +91,15 @@ def test_batched_reports_equal_one_at_a_time(
         try:
             expected.append(
                 one.record_worker_report(
-                    r.request_id, r.partition, fwd_pass=r.fwd_pass,
-                    worker_graph_id=r.worker_graph_id, rank=r.rank, num_ranks=r.num_ranks,
-                    new_tokens=r.new_tokens, published=r.published, replica_id="me",
+                    r.request_id,
+                    r.partition,
+                    fwd_pass=r.fwd_pass,
+                    worker_graph_id=r.worker_graph_id,
+                    rank=r.rank,
+                    num_ranks=r.num_ranks,
+                    new_tokens=r.new_tokens,
+                    published=r.published,
+                    replica_id="me",
                 )
             )
         except StoreError as e:

@@ -54,9 +54,7 @@ def test_every_state_change_appends_one_entry(
     ]
 
 
-def test_history_can_be_turned_off(
-    client: redis.Redis, namespace: str, make_store: Stores
-) -> None:
+def test_history_can_be_turned_off(client: redis.Redis, namespace: str, make_store: Stores) -> None:
     store = make_store(client, namespace=namespace, history_cap=0)
     store.create_request(
         "quiet", partitions={"p": PartitionState("p", MD, current_worker_graph_ids={"wg"})},

@@ -74,10 +74,29 @@ def test_bad_flush_arguments_are_typed_errors(
 def test_flushes_of_two_replicas_add_up_in_redis(client: redis.Redis, namespace: str) -> None:
     keys = KeySpace(namespace)
     first = {"passes": 5, "takeovers": 1}
-    def flush(replica: str, totals: dict[str, int], flushed: dict[str, int], *,
-              leases: int, requests: int, now: float) -> None:
-        send_commands(client, flush_commands(keys, replica, totals, flushed, leases=leases,
-                                             requests=requests, now=now, heartbeat_interval=2.0))
+
+    def flush(
+        replica: str,
+        totals: dict[str, int],
+        flushed: dict[str, int],
+        *,
+        leases: int,
+        requests: int,
+        now: float,
+    ) -> None:
+        send_commands(
+            client,
+            flush_commands(
+                keys,
+                replica,
+                totals,
+                flushed,
+                leases=leases,
+                requests=requests,
+                now=now,
+                heartbeat_interval=2.0,
+            ),
+        )
 
     flush("a", first, {}, leases=1, requests=2, now=NOW)
     flush("b", {"passes": 3}, {}, leases=4, requests=5, now=NOW)

@@ -44,10 +44,28 @@ def busy_namespace(store: RequestStore) -> None:
     registry.heartbeat("replica-b", now=NOW - 2)
     registry.heartbeat("replica-gone", now=NOW - 600)
 
-    def flush(replica: str, totals: dict[str, int], flushed: dict[str, int], *,
-              leases: int, requests: int, now: float) -> None:
-        send_commands(client, flush_commands(keys, replica, totals, flushed, leases=leases,
-                                             requests=requests, now=now, heartbeat_interval=BEAT))
+    def flush(
+        replica: str,
+        totals: dict[str, int],
+        flushed: dict[str, int],
+        *,
+        leases: int,
+        requests: int,
+        now: float,
+    ) -> None:
+        send_commands(
+            client,
+            flush_commands(
+                keys,
+                replica,
+                totals,
+                flushed,
+                leases=leases,
+                requests=requests,
+                now=now,
+                heartbeat_interval=BEAT,
+            ),
+        )
 
     before = {"passes": 60, "reports": 120}
     flush("replica-a", before, {}, leases=1, requests=1, now=NOW - 60)
@@ -93,9 +111,7 @@ def test_an_empty_namespace_is_all_zeros(run: Run) -> None:
     assert set(frame["last_minute"].values()) == {0.0}
 
 
-def test_a_live_replica_without_statistics_shows_as_unknown(
-    run: Run, store: RequestStore
-) -> None:
+def test_a_live_replica_without_statistics_shows_as_unknown(run: Run, store: RequestStore) -> None:
     ReplicaRegistry(store.client, namespace=store.keys.namespace).heartbeat("new", now=NOW)
     (replica,) = json.loads(run("top", "--once", "--json").out)["replicas"]
     assert replica == {
@@ -210,9 +226,7 @@ def test_top_on_a_cluster_sums_the_masters(
 
 
 @pytest.fixture
-def run_cluster(
-    tmp_cluster: Any, namespace: str, capsys: pytest.CaptureFixture[str]
-) -> Run:
+def run_cluster(tmp_cluster: Any, namespace: str, capsys: pytest.CaptureFixture[str]) -> Run:
     from store.cli import main as cli
     from tests.conftest import Result
 

@@ -106,8 +106,8 @@ def sample(client: Any, keys: KeySpace, at: float, within: float) -> Frame:
         (keys.stats_bucket(minute), [("HGETALL", keys.stats_bucket(minute))]),
         (keys.stats_bucket(minute - 1), [("HGETALL", keys.stats_bucket(minute - 1))]),
     ]  # fmt: skip
-    (in_flight,), (due, first_due), (beats, registered), (current,), (previous,) = (
-        reader.read_many(reads, {})
+    (in_flight,), (due, first_due), (beats, registered), (current,), (previous,) = reader.read_many(
+        reads, {}
     )
     live = [(rid.decode(errors="backslashreplace"), beat) for rid, beat in _scored(beats)]
     replica_hashes = [

@@ -388,8 +388,7 @@ class Codec:
         converters = [(n, plans[n].to_wire) for n in names]
         back = {n: p.from_wire or pass_through for n, p in plans.items()}
         checks = [
-            (n, domain_check(d, slot(hints[n]), f"{cls.__name__}.{n}"))
-            for n, d in domains.items()
+            (n, domain_check(d, slot(hints[n]), f"{cls.__name__}.{n}")) for n, d in domains.items()
         ]
 
         def to_wire(value: Any) -> dict[str, Any]:

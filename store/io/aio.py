@@ -48,10 +48,14 @@ class _Endpoint:
 
     A pool's connections are handed out through a semaphore as large as the pool, so that
     more tasks in flight than connections wait for one instead of failing (redis-py's
-    asyncio pool raises ``MaxConnectionsError`` when it is exhausted).
+    asyncio pool raises ``MaxConnectionsError`` when it is exhausted). Connections given
+    back stay with the endpoint (a free list, as in ``store.io.sync``): taking one then
+    skips the pool's lock and its per-call bookkeeping. The executor never gives back a
+    connection that may hold a reply unread (it closes it); a list made on another event
+    loop is dropped, since its sockets belong to that loop.
     """
 
-    __slots__ = ("_slots", "address", "node", "pool")
+    __slots__ = ("_free", "_loop", "_slots", "address", "node", "pool")
 
     def __init__(self, address: str, pool: Any = None, node: Any = None) -> None:
         self.address = address
@@ -59,6 +63,8 @@ class _Endpoint:
         self.node = node
         limit = getattr(pool, "max_connections", None)
         self._slots = asyncio.Semaphore(limit) if isinstance(limit, int) and limit > 0 else None
+        self._free: list[Any] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def take(self) -> Any:
         if self._slots is not None:
@@ -66,16 +72,27 @@ class _Endpoint:
         try:
             if self.node is not None:
                 return self.node.acquire_connection()
+            loop = asyncio.get_running_loop()
+            if self._loop is not loop:
+                self._free, self._loop = [], loop
+            if self._free:
+                return self._free.pop()
             return await self.pool.get_connection()
         except BaseException as e:
             if self._slots is not None:
                 self._slots.release()
             _raise_mapped(e, self.address)
 
+    @property
+    def idle(self) -> tuple[Any, ...]:
+        return tuple(self._free)
+
     async def give_back(self, conn: Any) -> None:
         try:
             if self.node is not None:
                 self.node.release(conn)
+            elif conn.is_connected and self._loop is asyncio.get_running_loop():
+                self._free.append(conn)
             else:
                 await self.pool.release(conn)
         finally:
@@ -97,6 +114,10 @@ class AsyncExecutor:
         if not self.cluster:
             pool = client.connection_pool
             self._single = _Endpoint(server_address(pool), pool=pool)
+
+    def idle_connections(self) -> list[Any]:
+        """The connections this executor keeps between calls (out of redis-py's pool)."""
+        return [] if self.cluster else list(self._single.idle)
 
     async def run(self, op: Op[T]) -> T:
         """Drive ``op`` to its result, performing each effect it yields."""
