@@ -558,6 +558,24 @@ class RedisCluster(_Started):
                     return False
         return True
 
+    def migrate_slot(self, slot: int, source: RedisServer, target: RedisServer) -> int:
+        """Move ``slot`` with its keys from ``source`` to ``target``, as a resharding would;
+        returns how many keys moved."""
+        with source.client() as src, target.client() as dst:
+            src_id = src.execute_command("CLUSTER MYID")
+            dst_id = dst.execute_command("CLUSTER MYID")
+            dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
+            moved = 0
+            while keys := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+                src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys)
+                moved += len(keys)
+            others = [n for n in self.nodes if n.running and n not in (source, target)]
+            for node in (target, source, *others):
+                with node.client() as c:
+                    c.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+        return moved
+
     def node(self, port: int) -> RedisServer:
         return next(n for n in self.nodes if n.port == port)
 

@@ -143,22 +143,6 @@ def test_store_from_a_cluster_url(
     assert store.list_requests() == []
 
 
-def _migrate_slot(
-    cluster: RedisCluster, slot: int, source: RedisServer, target: RedisServer
-) -> int:
-    """Move ``slot`` with its keys from ``source`` to ``target``, as a resharding would."""
-    with source.client() as src, target.client() as dst:
-        src_id, dst_id = src.execute_command("CLUSTER MYID"), dst.execute_command("CLUSTER MYID")
-        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
-        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
-        keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
-        src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys)
-        for node in (target, source, *(n for n in cluster.nodes if n not in (source, target))):
-            with node.client() as c:
-                c.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
-    return len(keys)
-
-
 @dataclass
 class CountInfo(PublishedInfo):
     """A user kind: merged in Python, so by the optimistic transaction."""
@@ -191,7 +175,7 @@ def test_merges_follow_a_moved_slot(
         owner = _owner(client, store, rid)
         source = next(n for n in tmp_cluster.nodes if f"{n.host}:{n.port}" == owner)
         target = next(n for n in tmp_cluster.nodes if n is not source)
-        assert _migrate_slot(tmp_cluster, slot, source, target) >= 4
+        assert tmp_cluster.migrate_slot(slot, source, target) >= 4
 
         # The client still maps the slot to the old owner: the server-side merge meets MOVED,
         # the slot map is refreshed and it runs again on the new owner.
@@ -203,7 +187,7 @@ def test_merges_follow_a_moved_slot(
 
         # Back to the first owner: the optimistic transaction's first try meets MOVED and
         # the second commits there.
-        assert _migrate_slot(tmp_cluster, slot, target, source) >= 4
+        assert tmp_cluster.migrate_slot(slot, target, source) >= 4
         before = store.stats.attempts
         assert store.merge_publish_info(rid, "llm", {"n": CountInfo(3)}) == {"n": CountInfo(3)}
         assert store.stats.attempts - before == 2
