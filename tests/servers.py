@@ -598,6 +598,18 @@ class RedisCluster(_Started):
         master = next(n for n in nodes if n.port == master_port)
         return [n.port for n in nodes if n.master_id == master.id]
 
+    def wait_replicated(self, master_port: int, timeout: float = CLUSTER_TIMEOUT) -> None:
+        """Until every replica of the master on ``master_port`` has what it has written."""
+        deadline = time.monotonic() + timeout
+        with self.node(master_port).client(socket_timeout=1) as c:
+            target = int(c.info("replication")["master_repl_offset"])
+        for port in self.replicas_of(master_port):
+            with self.node(port).client(socket_timeout=1) as c:
+                while int(c.info("replication").get("slave_repl_offset", -1)) < target:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"replica {port} did not catch up with {master_port}")
+                    time.sleep(0.02)
+
     def wait_promoted(self, port: int, timeout: float = CLUSTER_TIMEOUT) -> float:
         """Wait until the node on ``port`` is a master and the cluster is ok again, as seen
         by every node still running; returns when (``time.monotonic()``)."""

@@ -156,6 +156,10 @@ def _failover(stores: Stores, cluster: RedisCluster, namespace: str) -> None:
     on_victim, elsewhere = pick_requests(cluster, namespace, victim)
     load = Load(store, on_victim + elsewhere)
     load.create()
+    # Replication is asynchronous: on a loaded machine the replica may lag the master by
+    # more than the whole run before the kill. The requests must exist on both; what the
+    # rounds after this wrote may be lost, and the test measures how much.
+    cluster.wait_replicated(victim)
     while min(load.acked.values()) < ROUNDS_BEFORE:
         assert load.round()
     at_kill = dict(load.acked)
