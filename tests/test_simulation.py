@@ -1,7 +1,9 @@
-"""``mstar-store simulate``: replica processes, SIGKILLs and duplicates, checked end to end.
+"""``mstar-store simulate``: runtime replica processes, SIGKILLs, drains and duplicates,
+checked end to end.
 
 The command is driven in-process through ``store.cli.main``; its replicas are real
-processes, on the real Redis or on the embedded fakeredis TCP server.
+processes (``store.Replica``, or ``store.AsyncReplica`` with ``--async``), on the real Redis
+or on the embedded fakeredis TCP server.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import redis
 
 from store.cli import main as cli
 from store.cli.simulate import model, reference
-from store.cli.simulate.replica import SimKeys, Timing, ingest
 from store.replicas import ReplicaRegistry
 from store.store import RequestStore
 from tests.conftest import redis_url_for_tests
@@ -42,13 +43,61 @@ def summary_value(out: str, label: str) -> str:
     return match.group(1)
 
 
-def assert_all_finished_and_matched(result: Result, requests: int, kills: int) -> None:
+def assert_all_finished_and_matched(
+    result: Result, requests: int, kills: int, drains: int = 0
+) -> None:
     assert result.code == 0, result.out + result.err
     assert summary_value(result.out, "requests finished") == f"{requests}/{requests}"
     assert summary_value(result.out, "final states").startswith(f"{requests}/{requests} equal")
-    assert f"{kills} SIGKILLed" in summary_value(result.out, "replica processes")
+    assert summary_value(result.out, "nothing doubled").startswith(f"{requests}/{requests} ")
+    stopped = summary_value(result.out, "replica processes")
+    assert f"{kills} SIGKILLed" in stopped
+    if drains:
+        assert f"{drains} drained" in stopped
     assert "result: OK" in result.out
     assert f"] {requests}/{requests} finished" in result.err  # the progress bar's last state
+
+
+# -- the runtime's replicas, sync and async, killed and drained ------------------------------
+#
+# 4 requests, 3 replicas, one SIGKILL and one drain: the kill costs a lease TTL (2 s) of
+# the steps the victim held and a pass deadline (2 s) of the reports it had taken; each
+# run takes about 5-8 s on a loaded machine.
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_runtime_replicas_on_fakeredis_over_tcp_match_the_reference(
+    capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    aio = ["--async"] if kind == "async" else []
+    result = simulate(
+        capsys, "--replicas", "3", "--requests", "4", "--kill", "2", "--drain", "1",
+        "--seed", "4", "--timeout", "60", *aio,
+    )  # fmt: skip
+    assert "embedded Redis: fakeredis TcpFakeServer" in result.out
+    assert ("AsyncReplica" if aio else "(Replica)") in result.out
+    assert_all_finished_and_matched(result, requests=4, kills=1, drains=1)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_runtime_replicas_on_real_redis_match_the_reference(
+    real_client: redis.Redis, namespace: str, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    aio = ["--async"] if kind == "async" else []
+    result = simulate(
+        capsys, "--replicas", "3", "--requests", "6", "--kill", "2", "--drain", "1",
+        "--seed", "2", "--redis-url", redis_url_for_tests(), "--namespace", namespace,
+        "--timeout", "60", *aio,
+    )  # fmt: skip
+    assert_all_finished_and_matched(result, requests=6, kills=1, drains=1)
+    assert not list(real_client.scan_iter(match=f"{namespace}:*")), "the run left keys behind"
+
+
+def test_drain_may_not_exceed_kill(capsys: pytest.CaptureFixture[str]) -> None:
+    result = simulate(capsys, "--kill", "1", "--drain", "2")
+    assert result.code == 2
+    assert "--drain 2 exceeds --kill 1" in result.err
 
 
 @pytest.mark.real
@@ -134,8 +183,8 @@ def test_simulate_refuses_a_namespace_that_holds_requests(
 
 def test_the_reference_is_the_same_every_time_and_differences_name_the_field() -> None:
     ids = model.request_ids(4)
-    first = reference.reference_run(11, ids, Timing())
-    assert first == reference.reference_run(11, ids, Timing())
+    first = reference.reference_run(11, ids)
+    assert first == reference.reference_run(11, ids)
     assert set(first) == set(ids)
     for rid in ids:
         spec = model.spec(11, rid)
@@ -145,7 +194,7 @@ def test_the_reference_is_the_same_every_time_and_differences_name_the_field() -
         if spec.model == model.TTS:
             stream = state["connections"][model.STREAM]
             assert stream["token_count"] == stream["consumed_count"] == spec.total_tokens
-    other = reference.reference_run(12, ids, Timing())
+    other = reference.reference_run(12, ids)
     diff = reference.differences(first[ids[0]], other[ids[0]])
     assert diff and all(":" in line for line in diff)
     assert reference.differences(first[ids[0]], first[ids[0]]) == []
@@ -160,7 +209,7 @@ def test_replicas_lists_heartbeats_and_ls_shows_the_driver(
     registry.heartbeat("replica-gone", now=time.time() - 600)
     store = RequestStore(real_client, namespace=namespace)
     rid = next(r for r in model.request_ids(20) if model.spec(0, r).model == model.TEXT)
-    ingest(store, SimKeys(namespace), model.spec(0, rid), pass_deadline=60)
+    store.create_request(rid, **model.initial_request(model.spec(0, rid)), check_in=60)
     (report,) = model.reports(model.spec(0, rid), model.DEFAULT, 0)
     outcome = store.record_worker_report(
         rid, model.DEFAULT, fwd_pass=0, worker_graph_id=report.worker_graph_id, rank=0,
