@@ -101,31 +101,6 @@ def test_drain_may_not_exceed_kill(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.real
-@pytest.mark.slow
-def test_simulate_with_a_kill_on_real_redis_matches_the_reference(
-    real_client: redis.Redis, namespace: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    result = simulate(
-        capsys, "--replicas", "3", "--requests", "6", "--kill", "1", "--seed", "3",
-        "--redis-url", redis_url_for_tests(), "--namespace", namespace, "--timeout", "120",
-    )  # fmt: skip
-    assert_all_finished_and_matched(result, requests=6, kills=1)
-    # Whether the kill cost a takeover depends on what the victim held at that instant;
-    # tests/test_crash_recovery.py kills at chosen instants.
-    assert int(summary_value(result.out, "takeovers (claims)")) >= 0
-    assert not list(real_client.scan_iter(match=f"{namespace}:*")), "the run left keys behind"
-
-
-@pytest.mark.slow
-def test_simulate_on_the_embedded_server_matches_the_reference(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    result = simulate(capsys, "--replicas", "3", "--requests", "6", "--kill", "1")
-    assert "embedded Redis: fakeredis TcpFakeServer" in result.out
-    assert_all_finished_and_matched(result, requests=6, kills=1)
-
-
-@pytest.mark.real
 def test_a_final_state_that_differs_from_the_reference_exits_1(
     real_client: redis.Redis,
     namespace: str,

@@ -4,8 +4,11 @@ The process is what a conductor built on the runtime looks like: the runtime (``
 or ``AsyncReplica`` with ``aio``) applies the reports, drives, recovers, heartbeats and
 drains; the process only carries reports from its inbox list to ``apply_reports`` (and
 back onto its list when Redis could not be reached: delivering one again is safe) and
-flushes its stats. SIGTERM drains it: it stops taking reports, ``drain()`` hands its leases
-over, and it exits. It exits by itself when its parent is gone or its lifetime is over.
+flushes its stats. SIGTERM drains it as a conductor's shutdown hook would: ``drain()`` at
+once, beside the reports being applied (it refuses new ones, waits up to
+``Timing.drain_timeout`` for those in flight, hands over the leases still held); what it
+refused goes back onto the inbox for the fleet to reroute. It exits by itself when its
+parent is gone or its lifetime is over.
 
 Run as ``python -m store.cli.simulate.conductor '<json ProcessConfig>'``.
 """
@@ -38,6 +41,8 @@ BATCH = 32  # reports taken from the inbox and applied in one apply_reports
 IDLE = 0.005  # seconds between looks at an empty inbox
 FLUSH_EVERY = 0.5  # seconds between stats flushes
 OUTAGE_PAUSE = 0.1  # seconds before the next look after Redis was unreachable
+ABANDONED = "the process exits: the step it was planning is abandoned"
+STOP_WAIT = 10.0  # seconds the loop, and a drain, get to end at shutdown
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,10 @@ class ProcessConfig:
     parent_pid: int
     max_lifetime: float  # exit after this long whatever happens: a run never leaves orphans
     aio: bool = False
+    # A step planned when the drain starts waits until the drain is over, as a planner
+    # slower than the drain's wait would, and is then abandoned (the process exits): its
+    # lease is handed over, and the benchmarks time how soon another replica takes it.
+    slow_at_drain: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -144,8 +153,28 @@ def serve(config: ProcessConfig) -> None:
 
     timed: Any = TimedStore(store, carrier.stats, handed)
     replica = Replica(timed, planner=planner, replica_id=config.replica_id, timing=carrier.timing)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop, drained = threading.Event(), threading.Event()
+
+    def drain() -> None:
+        replica.drain()
+        drained.set()
+
+    drainer = threading.Thread(target=drain, daemon=True)
+    if config.slow_at_drain:
+
+        def slow() -> None:
+            if stop.is_set():
+                drained.wait(STOP_WAIT)
+                raise ReplicaDrainingError(ABANDONED)
+
+        planner.before_step = slow
+
+    def shutdown(*_: Any) -> None:
+        stop.set()
+        if drainer.ident is None:  # in a thread: the main thread may be applying reports
+            drainer.start()
+
+    signal.signal(signal.SIGTERM, shutdown)
     loop = threading.Thread(target=replica.run, args=(stop,), daemon=True)
     loop.start()
     while carrier.alive(stop):
@@ -169,9 +198,9 @@ def serve(config: ProcessConfig) -> None:
             results = e
         if carrier.settle(raws, results):
             time.sleep(OUTAGE_PAUSE)
-    stop.set()
-    loop.join(10)
-    replica.drain()
+    shutdown()  # also when not told to: the parent is gone, or the lifetime over
+    loop.join(STOP_WAIT)
+    drainer.join(carrier.timing.drain_timeout + STOP_WAIT)
     try:
         if carrier.retry:
             client.rpush(carrier.inbox, *carrier.retry)  # the fleet reroutes them
@@ -208,7 +237,22 @@ async def serve_async(config: ProcessConfig) -> None:
         timed, planner=planner, replica_id=config.replica_id, timing=carrier.timing
     )
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    drained: list[asyncio.Task[int]] = []
+
+    def shutdown() -> None:
+        stop.set()
+        if not drained:
+            drained.append(asyncio.ensure_future(replica.drain()))
+
+    async def slow() -> None:
+        if stop.is_set():
+            await asyncio.wait([drained[0]], timeout=STOP_WAIT)
+            raise ReplicaDrainingError(ABANDONED)
+
+    if config.slow_at_drain:
+        planner.before_step = slow
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, shutdown)
     loop = asyncio.create_task(replica.run(stop))
     while carrier.alive(stop):
         try:
@@ -231,9 +275,9 @@ async def serve_async(config: ProcessConfig) -> None:
             results = e
         if carrier.settle(raws, results):
             await asyncio.sleep(OUTAGE_PAUSE)
-    stop.set()
-    await asyncio.wait_for(loop, 10)
-    await replica.drain()
+    shutdown()
+    await asyncio.wait_for(loop, STOP_WAIT)
+    await drained[0]
     try:
         if carrier.retry:
             await client.rpush(carrier.inbox, *carrier.retry)

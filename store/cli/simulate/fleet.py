@@ -39,6 +39,7 @@ from store.cli.simulate.transport import (
     encode_dispatch,
     encode_report,
 )
+from store.codec.leases import decode_leases
 from store.errors import NotFoundError
 from store.replicas import ReplicaRegistry
 from store.runtime import Replica, Timing
@@ -47,6 +48,7 @@ from store.store import RequestStore
 REPLICA_MODULE = "store.cli.simulate.conductor"
 # Seconds a replica gets to drain (hand over, flush, leave) after SIGTERM at the end.
 STOP_GRACE = 10.0
+AIM_TRIES, AIM_PAUSE = 200, 0.005  # an aimed kill freezes its victim this often, this apart
 POLL_EVERY = 1.0  # seconds between looks at requests finished without a word, and takeovers
 
 
@@ -64,7 +66,7 @@ class ReplicaProcess:
     replica_id: str
     process: subprocess.Popen[bytes]
     log_path: Path
-    state: str = "running"  # running, paused, draining, drained, killed, stopped, failed
+    state: str = "running"  # running, draining, drained, killed, stopped, failed
 
 
 @dataclass
@@ -101,6 +103,7 @@ class Fleet:
         log_dir: Path,
         max_lifetime: float,
         aio: bool = False,
+        slow_at_drain: bool = False,
         delete_finished: bool = True,
     ) -> None:
         self.client = client
@@ -112,6 +115,7 @@ class Fleet:
         self.log_dir = log_dir
         self.max_lifetime = max_lifetime
         self.aio = aio
+        self.slow_at_drain = slow_at_drain
         self.delete_finished = delete_finished
         self.store = RequestStore(client, namespace=namespace, lease_ttl=timing.lease_ttl)
         self.keys = SimKeys(namespace)
@@ -149,6 +153,7 @@ class Fleet:
             parent_pid=os.getpid(),
             max_lifetime=self.max_lifetime,
             aio=self.aio,
+            slow_at_drain=self.slow_at_drain,
         )
         argv = list(command or [sys.executable, "-m", REPLICA_MODULE])
         log_path = self.log_dir / f"{replica_id}.log"
@@ -177,45 +182,68 @@ class Fleet:
                 raise SimulationError(f"replicas did not start within {timeout:.0f} s: {missing}")
             time.sleep(0.02)
 
-    def kill(self, replica_id: str) -> None:
+    def kill(self, replica_id: str, *, aim: bool = False) -> None:
         """SIGKILL the replica; what waited in its inbox goes to the others, and the steps
-        it held wait for a takeover."""
+        it held wait for a takeover. With ``aim``, only once it holds a lease (see
+        ``_freeze``)."""
         replica = self.replicas[replica_id]
+        killed_at, held = self._freeze(replica_id, aim=aim)
         replica.process.send_signal(signal.SIGKILL)
         replica.process.wait()
-        killed_at = time.time()
         replica.state = "killed"
         self.counters.kills += 1
         self._reroute(replica_id)
-        for rid in self.pending():
-            for partition, lease in self.store.leases(rid).items():
-                if lease.holder == replica_id and lease.expires_at > killed_at:
-                    self.takeovers.expect(rid, partition, replica_id, killed_at, KILL)
+        for rid, partition in held:
+            self.takeovers.expect(rid, partition, replica_id, killed_at, KILL)
 
-    def drain(self, replica_id: str) -> None:
-        """SIGTERM the replica: it stops taking reports and ``drain()``s (the steps it
-        hands over come back on the handed list); its inbox goes to the others once it
-        has exited."""
+    def drain(self, replica_id: str, *, aim: bool = False) -> None:
+        """SIGTERM the replica: it ``drain()``s at once (the steps it hands over come
+        back on the handed list); its inbox goes to the others once it has exited. With
+        ``aim``, only once it holds a lease."""
         replica = self.replicas[replica_id]
+        if aim:
+            self._freeze(replica_id, aim=True)
         replica.process.send_signal(signal.SIGTERM)
+        replica.process.send_signal(signal.SIGCONT)
         replica.state = "draining"
         self.counters.drains += 1
 
-    def pause(self, replica_id: str) -> None:
-        """SIGSTOP the replica (a long GC pause, a partition); its inbox goes to the others."""
-        self.replicas[replica_id].process.send_signal(signal.SIGSTOP)
-        self.replicas[replica_id].state = "paused"
-        self._reroute(replica_id)
+    def _freeze(self, replica_id: str, *, aim: bool) -> tuple[float, list[tuple[str, str]]]:
+        """SIGSTOP the replica and read the steps it holds a live lease on (the instant
+        and the steps). With ``aim``, thaw it and try again (a lease lasts one step,
+        milliseconds) until it holds one, at most ``AIM_TRIES`` times: the benchmark's
+        way to time takeovers after every kill, not only after the lucky ones."""
+        process = self.replicas[replica_id].process
+        for _ in range(AIM_TRIES if aim else 1):
+            process.send_signal(signal.SIGSTOP)
+            frozen_at = time.time()
+            held = self._held_by(replica_id, frozen_at)
+            if held or not aim:
+                break
+            process.send_signal(signal.SIGCONT)
+            time.sleep(AIM_PAUSE)
+        else:
+            process.send_signal(signal.SIGSTOP)
+        return frozen_at, held
 
-    def resume(self, replica_id: str) -> None:
-        self.replicas[replica_id].process.send_signal(signal.SIGCONT)
-        self.replicas[replica_id].state = "running"
+    def _held_by(self, replica_id: str, now: float) -> list[tuple[str, str]]:
+        pending = self.pending()
+        pipe = self.client.pipeline(transaction=False)
+        for rid in pending:
+            pipe.hgetall(self.store.keys.lease(rid))
+        held = []
+        for rid, raw in zip(pending, pipe.execute(), strict=True):
+            leases = decode_leases(raw, rid, self.store.keys.lease(rid))
+            held += [
+                (rid, partition)
+                for partition, lease in leases.items()
+                if lease.holder == replica_id and lease.expires_at > now
+            ]
+        return held
 
     def stop(self) -> None:
         """Stop every replica (SIGTERM, then SIGKILL after a grace) and collect their stats."""
         for replica in self.replicas.values():
-            if replica.state == "paused":
-                replica.process.send_signal(signal.SIGCONT)
             if replica.process.poll() is None:
                 replica.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE
@@ -225,7 +253,7 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 replica.process.kill()
                 replica.process.wait()
-            if replica.state in ("running", "paused"):
+            if replica.state == "running":
                 replica.state = "stopped"
         self._collect_stats()
 

@@ -55,6 +55,10 @@ class SimulationConfig:
     kills: int = 1
     drains: int = 0  # of the kills, how many drain the replica instead of killing it
     aio: bool = False  # replicas on AsyncReplica
+    # Benchmarks: kill or drain a replica only while it holds a lease, and let a drain
+    # find a step in flight (``conductor.ProcessConfig.slow_at_drain``), so that every
+    # kill and drain leaves a step to take over.
+    aim: bool = False
     seed: int = 0
     redis_url: str | None = None  # None: an embedded fakeredis TCP server in this process
     namespace: str = field(default_factory=default_namespace)
@@ -117,6 +121,7 @@ def simulate(config: SimulationConfig, *, out: TextIO, err: TextIO) -> Simulatio
             log_dir=Path(logs),
             max_lifetime=config.timeout + 30,
             aio=config.aio,
+            slow_at_drain=config.aim,
         )
         try:
             _run_fleet(fleet, config, ids, passes, deadline, result, out, err)
@@ -171,9 +176,9 @@ def _run_fleet(
                     victim = rng.choice(fleet.live())
                     if drains_left:
                         drains_left -= 1
-                        fleet.drain(victim)
+                        fleet.drain(victim, aim=config.aim)
                     else:
-                        fleet.kill(victim)
+                        fleet.kill(victim, aim=config.aim)
                     fleet.spawn()
                 busy = fleet.step()
             except UNREACHABLE as e:

@@ -37,6 +37,7 @@ class SimPlanner(Planner):
         self.sink = sink or self.sent.append
         self.finished_ids: list[str] = []
         self.on_finished: Callable[[str], Any] | None = None
+        self.before_step: Callable[[], Any] | None = None  # a hook: a slow planner, say
         self._specs: dict[str, model.RequestSpec] = {}
 
     def spec(self, request_id: str) -> model.RequestSpec:
@@ -53,6 +54,8 @@ class SimPlanner(Planner):
         return [to_report(r) for r in model.reports(self.spec(request_id), partition, fwd_pass)]
 
     def next_step(self, request_id: str, partition: str, state: PartitionState) -> Step:
+        if self.before_step is not None:
+            self.before_step()
         return model.next_step(self.spec(request_id), partition, state.fwd_pass_number)
 
     def dispatch(self, request_id: str, partition: str, fwd_pass: int, step: Step) -> None:
@@ -87,8 +90,11 @@ class AsyncSimPlanner(AsyncPlanner):
         self.planner = planner
         self.sink = sink
         self.on_finished = on_finished
+        self.before_step: Callable[[], Awaitable[Any]] | None = None
 
     async def next_step(self, request_id: str, partition: str, state: PartitionState) -> Step:
+        if self.before_step is not None:
+            await self.before_step()
         return self.planner.next_step(request_id, partition, state)
 
     async def dispatch(self, request_id: str, partition: str, fwd_pass: int, step: Step) -> None:
@@ -96,6 +102,9 @@ class AsyncSimPlanner(AsyncPlanner):
             self.planner.dispatch(request_id, partition, fwd_pass, step)
         else:
             await self.sink((request_id, partition, fwd_pass))
+
+    async def predict_step(self, report: Report) -> Step | None:
+        return self.planner.predict_step(report)
 
     async def runnable(self, request_id: str, partition: str, state: RequestState) -> bool:
         return self.planner.runnable(request_id, partition, state)
