@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from store.cli.simulate import model, reference
 from store.replicas import ReplicaRegistry
 from store.store import RequestStore
 from tests.conftest import redis_url_for_tests
+from tests.servers import RedisServer
 
 
 @dataclass
@@ -222,3 +224,37 @@ def test_without_lua_for_fakeredis_simulate_says_what_to_install(
     assert result.code == 1
     assert "'lupa' package is missing" in result.err
     assert "pip install 'fakeredis[lua]'" in result.err
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize(
+    "tmp_redis", [("--appendonly", "yes", "--appendfsync", "always")], indirect=True
+)
+def test_a_redis_restart_mid_run_is_one_line_and_the_run_goes_on(
+    tmp_redis: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Redis (AOF) stops for 6 s mid-run and comes back: the replicas' runtime rides
+    through, the harness says so in one line, and every request ends as the reference."""
+    ready = threading.Event()
+
+    def restart() -> None:
+        deadline = time.monotonic() + 30
+        client = tmp_redis.client()
+        while time.monotonic() < deadline and not client.keys("*:sim:dispatch*"):
+            time.sleep(0.01)  # the run has started its requests
+        client.close()
+        tmp_redis.stop()
+        time.sleep(6.0)  # longer than the store keeps reconnecting (5 s): its calls fail
+        tmp_redis.start()
+        ready.set()
+
+    threading.Thread(target=restart, daemon=True).start()
+    result = simulate(
+        capsys, "--replicas", "2", "--requests", "24", "--kill", "0", "--seed", "5",
+        "--redis-url", tmp_redis.url, "--timeout", "60",
+    )  # fmt: skip
+    assert ready.wait(30)
+    assert "Traceback" not in result.out + result.err
+    said = [line for line in result.out.splitlines() if "Redis unreachable mid-run" in line]
+    assert len(said) == 1, result.out
+    assert_all_finished_and_matched(result, requests=24, kills=0)
