@@ -19,21 +19,20 @@ from typing import Any
 
 from mstar.conductor.request_info import PartitionState
 from store import (
-    AsyncPlanner,
     AsyncReplica,
     AsyncRequestStore,
     Replica,
     Report,
     ReportStatus,
-    RequestState,
     RequestStore,
     Step,
     Timing,
 )
+from store.cli.simulate.planner import AsyncSimPlanner as SimulationAsyncPlanner
+from store.cli.simulate.planner import SimPlanner
 from store.cli.simulate.reference import canonical
 from store.errors import StoreError
 from store.runtime.decisions import ReportResult
-from tests.runtime_planner import SimPlanner
 from tests.stores import LoopThread, async_twin
 
 FAST = Timing(
@@ -42,31 +41,16 @@ FAST = Timing(
 )  # fmt: skip
 
 
-class AsyncSimPlanner(AsyncPlanner):
-    """``SimPlanner``'s decisions behind ``async def`` methods."""
-
-    def __init__(self, planner: SimPlanner) -> None:
-        self.planner = planner
+class AsyncSimPlanner(SimulationAsyncPlanner):
+    """The simulation's async planner, with ``next_step`` in a thread (so that a test's
+    planner may block without stopping the loop) and a yield before each dispatch."""
 
     async def next_step(self, request_id: str, partition: str, state: PartitionState) -> Step:
-        # In a thread, so that a test's planner may block without stopping the loop.
         return await asyncio.to_thread(self.planner.next_step, request_id, partition, state)
 
     async def dispatch(self, request_id: str, partition: str, fwd_pass: int, step: Step) -> None:
         await asyncio.sleep(0)
-        self.planner.dispatch(request_id, partition, fwd_pass, step)
-
-    async def predict_step(self, report: Report) -> Step | None:
-        return self.planner.predict_step(report)
-
-    async def runnable(self, request_id: str, partition: str, state: RequestState) -> bool:
-        return self.planner.runnable(request_id, partition, state)
-
-    async def final_outputs(self, request_id: str, state: RequestState) -> Mapping[str, Any]:
-        return self.planner.final_outputs(request_id, state)
-
-    async def finished(self, request_id: str, state: RequestState) -> None:
-        self.planner.finished(request_id, state)
+        await super().dispatch(request_id, partition, fwd_pass, step)
 
 
 class Harness:

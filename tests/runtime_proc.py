@@ -1,13 +1,13 @@
 """A replica process for the crash tests: ``python -m tests.runtime_proc '<json config>'``.
 
-It runs a ``Replica`` (with ``SimPlanner``) on the Redis at ``config["url"]``: a thread
-runs ``run(stop)``, the main loop takes report references from the shared list
-``<ns>:rt:reports`` and applies them. Passes the planner sends go to ``<ns>:rt:dispatch``
-for the test's workers. With ``config["failpoint"]`` = ``{"point", "hit", "action"}`` the
-process kills itself (``kill``: SIGKILL) or stops itself (``stop``: SIGSTOP, after telling
-the test through ``<ns>:rt:signals``) at the ``hit``-th time it passes that point; once
-continued, every write it attempts is logged to ``<ns>:rt:audit`` with its outcome.
-SIGTERM drains it; it exits by itself when its parent is gone.
+It runs a ``Replica`` (with the simulation's ``SimPlanner``) on the Redis at
+``config["url"]``: a thread runs ``run(stop)``, the main loop takes report references from
+the shared list ``<ns>:rt:reports`` and applies them. Passes the planner sends go to
+``<ns>:rt:dispatch`` for the test's workers. With ``config["failpoint"]`` = ``{"point",
+"hit", "action"}`` the process kills itself (``kill``: SIGKILL) or stops itself (``stop``:
+SIGSTOP, after telling the test through ``<ns>:rt:signals``) at the ``hit``-th time it
+passes that point; once continued, every write it attempts is logged to ``<ns>:rt:audit``
+with its outcome. SIGTERM drains it; it exits by itself when its parent is gone.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 from typing import Any
 
 from store import Lease, Replica, RequestStore, StoreConnectionError, Timing
+from store.cli.simulate.planner import SimPlanner
 from store.io.connect import client_from_url
-from tests.runtime_planner import SimPlanner
 
 WRITES = frozenset({
     "record_worker_report", "record_worker_reports", "take_step", "take_steps",

@@ -2,8 +2,9 @@
 (async store, async planner), on fakeredis and on the real Redis.
 
 Final states are compared with the crash-free reference of ``mstar-store simulate``
-(``store.cli.simulate.reference``): a second, independent driver of the same model, so a
-runtime that loses, doubles or misorders anything shows as a difference.
+(``store.cli.simulate.reference``): the same model driven by one replica, every report
+once and in order, so a run that loses, doubles or misorders anything under duplicates,
+losses, takeovers or drains shows as a difference.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from store import (
     Timing,
 )
 from store.cli.simulate import model
+from store.cli.simulate.planner import SimPlanner
 from store.cli.simulate.reference import differences, reference_run
-from store.cli.simulate.replica import Timing as SimTiming
 from store.records import Report
 from store.runtime import Replica
 from tests.runtime_harness import FAST, Harness, final_states, finished, pump
-from tests.runtime_planner import PredictingPlanner, SimPlanner, TwoRankPlanner
+from tests.runtime_planner import PredictingPlanner, TwoRankPlanner
 
 SEED = 11
 IDS = model.request_ids(6)
@@ -39,7 +40,7 @@ IDS = model.request_ids(6)
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, Any]:
-    return reference_run(SEED, IDS, SimTiming())
+    return reference_run(SEED, IDS)
 
 
 @pytest.fixture(params=["sync", "async"])

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from store import Replica, Report, RequestStore, Timing
 from store.cli.simulate import model
+from store.cli.simulate.planner import SimPlanner
 from store.cli.simulate.reference import canonical
-from tests.runtime_planner import SimPlanner, TwoRankPlanner, two_rank_reports
+from tests.runtime_planner import TwoRankPlanner, two_rank_reports
 
 pytestmark = pytest.mark.fake
 

@@ -27,12 +27,11 @@ import redis.asyncio
 
 from store import Reconnect, Replica, RequestStore, StoreConnectionError, StoreError, Timing
 from store.cli.simulate import model
+from store.cli.simulate.planner import SimPlanner
 from store.cli.simulate.reference import differences, reference_run
-from store.cli.simulate.replica import Timing as SimTiming
 from store.runtime.decisions import FAILPOINTS
 from tests.backends import redis_url_for_tests
 from tests.runtime_harness import Harness, final_states, finished
-from tests.runtime_planner import SimPlanner
 from tests.runtime_proc import Lists, report_ref
 from tests.servers import RedisServer, no_retry
 
@@ -49,7 +48,7 @@ HITS = dict.fromkeys(FAILPOINTS, 1) | {"after_report": 5, "after_step": 3, "afte
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, Any]:
-    return reference_run(SEED, IDS, SimTiming())
+    return reference_run(SEED, IDS)
 
 
 class Fleet:

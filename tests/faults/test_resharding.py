@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 
 from store.cli.simulate import model
+from store.cli.simulate.planner import SimPlanner
 from store.cli.simulate.reference import differences, reference_run
-from store.cli.simulate.replica import Timing as SimTiming
 from tests.runtime_harness import FAST, Harness, final_states, pump
-from tests.runtime_planner import SimPlanner
 from tests.servers import RedisCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -31,7 +30,7 @@ IDS = model.request_ids(12)
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, Any]:
-    return reference_run(SEED, IDS, SimTiming())
+    return reference_run(SEED, IDS)
 
 
 class Resharder:

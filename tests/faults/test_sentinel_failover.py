@@ -21,13 +21,12 @@ import redis
 
 from store import Reconnect
 from store.cli.simulate import model
+from store.cli.simulate.planner import SimPlanner
 from store.cli.simulate.reference import differences, reference_run
-from store.cli.simulate.replica import Timing as SimTiming
 from store.io.connect import async_client_from_url, client_from_url
 from store.records import Report
 from tests.conftest import require_binaries
 from tests.runtime_harness import FAST, Harness, final_states, pump
-from tests.runtime_planner import SimPlanner
 from tests.servers import RedisSentinel, RedisServer
 
 pytestmark = [pytest.mark.sentinel, pytest.mark.slow]
@@ -40,7 +39,7 @@ PATIENCE = Reconnect(give_up_after=30.0)
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, Any]:
-    return reference_run(SEED, IDS, SimTiming())
+    return reference_run(SEED, IDS)
 
 
 class Pair:

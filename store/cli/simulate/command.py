@@ -18,9 +18,10 @@ def add_parser(subparsers: Any) -> None:
         help="run conductor replica processes over one Redis, kill some, check the final states",
         description="Run N conductor replica processes over one shared Redis, drive M requests "
         "through an LLM -> codec model (TP 2) and a single-partition model, deliver worker "
-        "reports at random with duplicates, SIGKILL K replicas at random instants and restart "
-        "them under new ids; then compare every request's final state with a crash-free "
-        "reference run of the same seed. Exits 1 if any request differs or did not finish.",
+        "reports at random with duplicates, SIGKILL K replicas (or drain D of them) at random "
+        "instants and restart them under new ids; then compare every request's final state "
+        "with a crash-free reference run of the same seed. Exits 1 if any request differs, "
+        "applied a step or report twice, or did not finish.",
     )
     parser.add_argument(
         "--replicas", type=_count(1), default=3, metavar="N", help="replica processes (default 3)"
@@ -34,6 +35,20 @@ def add_parser(subparsers: Any) -> None:
         default=1,
         metavar="K",
         help="replicas to SIGKILL and restart (default 1)",
+    )
+    parser.add_argument(
+        "--drain",
+        type=_count(0),
+        default=0,
+        metavar="D",
+        help="of the K replicas stopped, drain D gracefully (drain(): hand their steps "
+        "over) instead of SIGKILLing them (default 0)",
+    )
+    parser.add_argument(
+        "--async",
+        dest="aio",
+        action="store_true",
+        help="run the replicas on store.AsyncReplica (asyncio) instead of store.Replica",
     )
     parser.add_argument(
         "--seed",
@@ -65,19 +80,32 @@ def _count(minimum: int) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.drain > args.kill:
+        print(
+            f"error: --drain {args.drain} exceeds --kill {args.kill}: it drains that many "
+            "of the replicas stopped instead of killing them",
+            file=sys.stderr,
+        )
+        return 2
     config = SimulationConfig(
         replicas=args.replicas,
         requests=args.requests,
         kills=args.kill,
+        drains=args.drain,
+        aio=args.aio,
         seed=args.seed,
         redis_url=args.redis_url,
         namespace=args.namespace or default_namespace(),
         timeout=args.timeout,
     )
     where = "an embedded fakeredis" if config.redis_url is None else redacted(config.redis_url)
+    stops = f"{config.kills - config.drains} kills"
+    if config.drains:
+        stops += f", {config.drains} drains"
+    kind = "AsyncReplica" if config.aio else "Replica"
     print(
-        f"mstar-store simulate: {config.replicas} replicas, {config.requests} requests, "
-        f"{config.kills} kills, seed {config.seed}, on {where}, namespace {config.namespace!r}"
+        f"mstar-store simulate: {config.replicas} replicas ({kind}), {config.requests} "
+        f"requests, {stops}, seed {config.seed}, on {where}, namespace {config.namespace!r}"
     )
     try:
         result = simulate(config, out=sys.stdout, err=sys.stderr)

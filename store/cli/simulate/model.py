@@ -31,7 +31,7 @@ from mstar.engine.resources import (
     PublishedPositionInfo,
     SamplingReqConfig,
 )
-from store.records import RequestState
+from store.records import RequestState, Step
 
 TTS, TEXT = "tts", "text"
 LLM, CODEC, DEFAULT = "llm", "codec", "default"
@@ -115,15 +115,6 @@ class Report:
         return infos
 
 
-@dataclass(frozen=True)
-class Step:
-    """What follows a completed forward pass."""
-
-    metadata: CurrentForwardConductorMetadata
-    worker_graph_ids: tuple[str, ...]
-    done: bool
-
-
 def request_ids(count: int) -> list[str]:
     return [f"req-{i:04d}" for i in range(count)]
 
@@ -140,11 +131,6 @@ def spec(seed: int, request_id: str) -> RequestSpec:
         prompt_tokens=rng.randint(8, 64),
         chunks=(1, *(rng.randint(1, 6) for _ in range(decode_passes))),
     )
-
-
-def consumers(spec: RequestSpec, partition: str) -> tuple[str, ...]:
-    """Partitions fed by ``partition``'s stream: they may become runnable after its passes."""
-    return (CODEC,) if spec.model == TTS and partition == LLM else ()
 
 
 # -- ingest -------------------------------------------------------------------------------
@@ -241,7 +227,7 @@ def next_step(spec: RequestSpec, partition: str, completed_pass: int) -> Step:
     else:
         done = completed_pass + 1 >= len(spec.chunks)
         wgs = (LLM_WG,) if partition == LLM else (TEXT_WG,)
-    return Step(_metadata(partition, completed_pass + 1), () if done else wgs, done)
+    return Step(_metadata(partition, completed_pass + 1), () if done else wgs, done=done)
 
 
 def final_outputs(spec: RequestSpec, state: RequestState) -> dict[str, Any]:
@@ -251,12 +237,6 @@ def final_outputs(spec: RequestSpec, state: RequestState) -> dict[str, Any]:
     if spec.model == TTS:
         outputs["audio"] = {"frames": state.partitions[CODEC].num_output_tokens}
     return outputs
-
-
-def pass_complete(part: PartitionState) -> bool:
-    """Every worker graph of the current pass has reported all its ranks."""
-    wgs = part.current_worker_graph_ids
-    return bool(wgs) and wgs <= part.completed_worker_graph_ids
 
 
 def _codec_span(spec: RequestSpec, fwd_pass: int) -> tuple[int, int]:

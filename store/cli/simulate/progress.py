@@ -28,6 +28,12 @@ class Progress:
         self.stream.flush()
         self._shown = True
 
+    def interrupt(self, message: str, out: TextIO) -> None:
+        """Print ``message`` on a line of its own; the bar is redrawn below it."""
+        self.close()
+        self._shown = False
+        print(message, file=out, flush=True)
+
     def close(self) -> None:
         if self._shown:
             self.stream.write("\n")

@@ -1,23 +1,25 @@
 """The crash-free reference run, and how a request's final state is compared with it.
 
-The reference runs the same ``Replica`` code in this process on a private fakeredis: one
-replica, every report delivered once and in order, no kills. Since every decision of the
-model is a function of the seed and the request, a simulated run whose final states differ
-from these has lost, doubled or misordered something.
+The reference runs the runtime (``store.Replica`` with the simulation's planner) in this
+process on a private fakeredis: one replica, every report delivered once and in order, no
+kills, no recovery. Since every decision of the model is a function of the seed and the
+request, a simulated run whose final states differ from these has lost, doubled or
+misordered something; ``doubled`` reads the same from a request's history.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
-from store.cli.simulate import model
-from store.cli.simulate.replica import Replica, SimKeys, Timing, decode_dispatch, ingest
+from store.cli.simulate.planner import SimPlanner
 from store.errors import ConfigurationError
 from store.records import RequestState
+from store.runtime import Replica, Timing
 from store.store import RequestStore
 
 # Fields that differ between runs by nature: when the request was created and finished.
@@ -72,36 +74,45 @@ def fakeredis_with_lua() -> Any:
     return fakeredis
 
 
-def reference_run(seed: int, request_ids: Sequence[str], timing: Timing) -> dict[str, Any]:
+def reference_run(
+    seed: int, request_ids: Sequence[str], timing: Timing | None = None
+) -> dict[str, Any]:
     """Every request's canonical final state from a crash-free, duplicate-free run."""
     fakeredis = fakeredis_with_lua()
     client: Any = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    timing = timing or Timing(keep_for=600.0)
     store = RequestStore(client, namespace="reference", lease_ttl=timing.lease_ttl)
-    keys = SimKeys("reference")
-    replica = Replica(store, replica_id="reference", seed=seed, timing=timing, keys=keys)
-    specs = [model.spec(seed, rid) for rid in request_ids]
-    for spec in specs:
-        ingest(store, keys, spec, timing.pass_deadline)
+    planner = SimPlanner(seed)
+    replica = Replica(store, planner=planner, replica_id="reference", timing=timing)
+    for rid in request_ids:
+        replica.submit(rid, **planner.create(rid))
     states: dict[str, Any] = {}
-    # Recovery is never needed without crashes; allow some, bounded, rather than hang.
-    recoveries_left = 10 + 3 * sum(spec.passes for spec in specs)
-    while len(states) < len(specs):
-        raw = client.lpop(keys.dispatch)
-        if raw is not None:
-            rid, partition, fwd_pass = decode_dispatch(raw)
-            for report in model.reports(replica.spec(rid), partition, fwd_pass):
-                replica.handle(report)
-            continue
-        while (done := client.lpop(keys.finished)) is not None:
-            rid = done.decode()
+    while planner.sent:
+        for report in planner.reports_for(*planner.sent.pop(0)):
+            replica.apply_report(report)
+        for rid in planner.finished_ids:
             if rid not in states:
                 states[rid] = canonical(store.load_request(rid))
                 store.delete_request(rid)
-        if len(states) < len(specs):
-            recoveries_left -= 1
-            if recoveries_left < 0:
-                stuck = sorted(set(request_ids) - set(states))
-                raise SimulationError(f"the reference run is stuck: {', '.join(stuck)}")
-            replica.recover()
     client.close()
+    stuck = sorted(set(request_ids) - set(states))
+    if stuck:  # every pass reported once and in order: nothing should wait for recovery
+        raise SimulationError(f"the reference run is stuck: {', '.join(stuck)}")
     return states
+
+
+def doubled(history: Sequence[tuple[Any, Mapping[bytes, bytes]]]) -> list[str]:
+    """What a request's history shows applied more than once: a step of one pass, or one
+    rank's report of one pass (the store must absorb every repeat)."""
+    applied: Counter[str] = Counter()
+    for _, entry in history:
+        if entry.get(b"outcome") != b"applied":
+            continue
+        op = entry.get(b"op", b"").decode()
+        where = [entry.get(name, b"").decode() for name in (b"partition", b"pass")]
+        if op == "step":
+            applied["step " + "/".join(where)] += 1
+        elif op == "report":
+            rank = [entry.get(name, b"").decode() for name in (b"wg", b"rank")]
+            applied["report " + "/".join(where + rank)] += 1
+    return sorted(f"{what} applied {n} times" for what, n in applied.items() if n > 1)
