@@ -225,6 +225,19 @@ def test_a_complete_report_drives_its_step_and_sends_the_next_pass() -> None:
     assert b.held() == []
 
 
+def test_a_pass_the_planner_fails_to_send_is_left_to_its_deadline() -> None:
+    b = books()
+    outcome = ReportOutcome(True, 2, True, True, lease=lease(), stored=lambda: partition(0))
+    result, _ = drive(
+        decisions.apply_report(b, report("r", "p", 0), predict=False),
+        {"record_worker_report": outcome, "next_step": Step(META, ("wg",)), "take_step": 1,
+         "topology": ALONE, "dispatch": ConnectionError("transport down")},
+    )  # fmt: skip
+    assert result == decisions.ReportResult(ReportStatus.APPLIED, drove=True, new_pass=1)
+    assert b.counts["dispatch_errors"] == 1 and b.counts["dispatches"] == 0
+    assert b.held() == []
+
+
 def test_a_predicted_step_is_taken_by_the_report_itself() -> None:
     b = books()
     step = Step(META, ("wg",))

@@ -302,8 +302,16 @@ def load(rid: str) -> Program[RequestState | None]:
 
 
 def dispatch(books: Books, rid: str, name: str, fwd_pass: int, step: Step) -> Program[None]:
+    """Send a pass through the planner. A send that fails (the transport to the workers is
+    down, say) is logged and counted, not raised: the step is taken either way, and the
+    pass's deadline has recovery send it again, as it would a pass whose workers died."""
     books.sent(rid, name, fwd_pass)
-    yield planner("dispatch", rid, name, fwd_pass, step)
+    try:
+        yield planner("dispatch", rid, name, fwd_pass, step)
+    except Exception as e:
+        books.count("dispatch_errors")
+        log.warning("sending pass %d of %s %s failed: %r", fwd_pass, rid, name, e)
+        return
     books.count("dispatches")
 
 

@@ -146,10 +146,16 @@ def serve(config: ProcessConfig) -> None:
     client = client_from_url(config.redis_url)
     store = RequestStore(client, namespace=config.namespace, lease_ttl=carrier.timing.lease_ttl)
     planner.sink = lambda sent: client.rpush(keys.dispatch, transport.encode_dispatch(*sent))
-    planner.on_finished = lambda rid: client.rpush(keys.finished, rid)
+
+    def finished(rid: str) -> None:
+        with transport.as_store_error():
+            client.rpush(keys.finished, rid)
 
     def handed(rid: str, partition: str) -> None:
-        client.rpush(keys.handed, carrier.handed(rid, partition))
+        with transport.as_store_error():
+            client.rpush(keys.handed, carrier.handed(rid, partition))
+
+    planner.on_finished = finished
 
     timed: Any = TimedStore(store, carrier.stats, handed)
     replica = Replica(timed, planner=planner, replica_id=config.replica_id, timing=carrier.timing)
@@ -226,10 +232,12 @@ async def serve_async(config: ProcessConfig) -> None:
         await client.rpush(keys.dispatch, transport.encode_dispatch(*sent))
 
     async def finished(rid: str) -> None:
-        await client.rpush(keys.finished, rid)
+        with transport.as_store_error():
+            await client.rpush(keys.finished, rid)
 
     async def handed(rid: str, partition: str) -> None:
-        await client.rpush(keys.handed, carrier.handed(rid, partition))
+        with transport.as_store_error():
+            await client.rpush(keys.handed, carrier.handed(rid, partition))
 
     planner = AsyncSimPlanner(carrier.planner, sink=sink, on_finished=finished)
     timed: Any = TimedStore(store, carrier.stats, handed)

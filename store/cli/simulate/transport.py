@@ -8,6 +8,8 @@ fleet which requests they finished, which steps they handed over, and their stat
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -72,3 +74,15 @@ UNREACHABLE: tuple[type[Exception], ...] = (
     StoreConnectionError, redis.ConnectionError, redis.TimeoutError,
     redis.exceptions.ReadOnlyError, redis.exceptions.ClusterError, RedisClusterException,
 )  # fmt: skip
+
+
+@contextlib.contextmanager
+def as_store_error() -> Iterator[None]:
+    """A list command that met Redis unreachable raises as the store's calls do, so that the
+    runtime treats it as the same outage (a finish is retried by recovery)."""
+    try:
+        yield
+    except UNREACHABLE as e:
+        if isinstance(e, StoreConnectionError):
+            raise
+        raise StoreConnectionError(f"Redis unreachable: {e}") from e
