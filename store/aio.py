@@ -92,6 +92,7 @@ class AsyncRequestStore(StoreSettings):
     request_exists = async_method(lifecycle.request_exists)
     delete_request = async_method(lifecycle.delete_request)
     finish_request = async_method(lifecycle.finish_request)
+    kept_until = async_method(lifecycle.kept_until)
     reap = async_method(lifecycle.reap)
     # -- reads
     load_request = async_method(reads.load_request)

@@ -171,6 +171,7 @@ class RequestStore(StoreSettings):
     request_exists = sync_method(lifecycle.request_exists)
     delete_request = sync_method(lifecycle.delete_request)
     finish_request = sync_method(lifecycle.finish_request)
+    kept_until = sync_method(lifecycle.kept_until)
     reap = sync_method(lifecycle.reap)
     # -- reads
     load_request = sync_method(reads.load_request)
