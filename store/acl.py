@@ -11,20 +11,30 @@ they are all here.
 
 from __future__ import annotations
 
-# Commands that name a key: the user needs them on keys matching ``<ns>:*``.
-KEYED = (
-    "DEL", "UNLINK", "EXISTS", "EXPIRE", "PEXPIRE", "PTTL", "GET", "SET",
-    "HGET", "HMGET", "HGETALL", "HKEYS", "HSET", "HDEL", "HINCRBY",
-    "ZADD", "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZREVRANGEBYSCORE",
-    "ZREM", "ZREMRANGEBYSCORE", "ZSCORE", "ZSCAN",
-    "XADD", "XTRIM", "XRANGE",
-    "WATCH",
-)  # fmt: skip
-# Commands without a key (a subcommand as ``NAME|SUB``, as ACL rules spell it).
-UNKEYED = (
-    "EVAL", "EVALSHA", "SCRIPT|LOAD", "MULTI", "EXEC", "UNWATCH", "TIME", "PING", "SCAN",
-    "INFO", "CONFIG|GET", "ACL|WHOAMI", "CLUSTER|SLOTS", "COMMAND", "ASKING", "READONLY",
-)  # fmt: skip
+# Each command (a subcommand as ``NAME|SUB``, as ACL rules spell it) with arguments of a
+# valid form, ``{key}`` standing for a key of the namespace: ``redis.acl_check_cmd`` finds
+# the keys by the command's key specs, and Redis 7.0 reads past the end of arguments that
+# are too few (it crashed on a bare EVAL), so every probe is a whole command.
+PROBES: dict[str, tuple[str, ...]] = {
+    "DEL": ("{key}",), "UNLINK": ("{key}",), "EXISTS": ("{key}",), "EXPIRE": ("{key}", "1"),
+    "PEXPIRE": ("{key}", "1"), "PTTL": ("{key}",), "GET": ("{key}",), "SET": ("{key}", "v"),
+    "HGET": ("{key}", "f"), "HMGET": ("{key}", "f"), "HGETALL": ("{key}",),
+    "HKEYS": ("{key}",), "HSET": ("{key}", "f", "v"), "HDEL": ("{key}", "f"),
+    "HINCRBY": ("{key}", "f", "1"), "ZADD": ("{key}", "1", "m"), "ZCARD": ("{key}",),
+    "ZCOUNT": ("{key}", "0", "1"), "ZRANGE": ("{key}", "0", "1"),
+    "ZRANGEBYSCORE": ("{key}", "0", "1"), "ZREVRANGE": ("{key}", "0", "1"),
+    "ZREVRANGEBYSCORE": ("{key}", "1", "0"), "ZREM": ("{key}", "m"),
+    "ZREMRANGEBYSCORE": ("{key}", "0", "1"), "ZSCORE": ("{key}", "m"),
+    "ZSCAN": ("{key}", "0"), "XADD": ("{key}", "*", "f", "v"),
+    "XTRIM": ("{key}", "MAXLEN", "1"), "XRANGE": ("{key}", "-", "+"), "WATCH": ("{key}",),
+    "EVAL": ("return 1", "1", "{key}"), "EVALSHA": ("e0e1f9fabfc9d4800c877a703b823ac0578ff8db",
+                                                    "1", "{key}"),
+    "SCRIPT|LOAD": ("return 1",), "MULTI": (), "EXEC": (), "UNWATCH": (), "TIME": (),
+    "PING": (), "SCAN": ("0",), "INFO": (), "CONFIG|GET": ("maxmemory-policy",),
+    "ACL|WHOAMI": (), "CLUSTER|SLOTS": (), "COMMAND": (), "ASKING": (),
+}  # fmt: skip
+COMMANDS = tuple(PROBES)
+KEYED = tuple(name for name, args in PROBES.items() if "{key}" in args)
 # CONFIG GET is only for doctor and the eviction check at open (which fall back to INFO
 # without it): drop it where reading the server's configuration is not wanted, since
 # CONFIG GET also reads secrets such as ``requirepass``.
@@ -34,12 +44,10 @@ OPTIONAL = ("CONFIG|GET",)
 def acl_rules(namespace: str) -> str:
     """The rules of ``ACL SETUSER <user> on ><password> <rules>`` granting exactly what
     the store needs in ``namespace``."""
-    commands = " ".join(f"+{name.lower()}" for name in (*KEYED, *UNKEYED))
+    commands = " ".join(f"+{name.lower()}" for name in COMMANDS)
     return f"resetkeys ~{namespace}:* resetchannels -@all {commands}"
 
 
 def probe_args(command: str, key: str) -> list[str]:
-    """``command`` (``NAME`` or ``NAME|SUB``) as the arguments of ``redis.acl_check_cmd``,
-    naming ``key`` where it takes one (the arity is not checked, only the key)."""
-    words = command.split("|")
-    return [*words, key] if command in KEYED else words
+    """``command`` as the arguments of ``redis.acl_check_cmd``, naming ``key``."""
+    return [*command.split("|"), *(key if arg == "{key}" else arg for arg in PROBES[command])]

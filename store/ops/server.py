@@ -16,6 +16,7 @@ from typing import Any
 
 from store import acl, health, stats
 from store import scripts as script_files
+from store.errors import StoreConnectionError, StoreError
 from store.health import Finding, ServerSettings
 from store.ops.calls import hash_reply
 from store.ops.core import Core
@@ -150,7 +151,7 @@ def _scripts(core: Core, node: Node, name: str, *, probe: bool) -> Op[Finding]:
 def _acl(core: Core) -> Op[Finding]:
     """Whether the connected user may run every command of ``store.acl`` on ``<ns>:*``."""
     key = f"{core.keys.namespace}:{{doctor}}:probe"
-    groups = [acl.probe_args(command, key) for command in (*acl.KEYED, *acl.UNKEYED)]
+    groups = [acl.probe_args(command, key) for command in acl.COMMANDS]
     args: list[Any] = []
     for words in groups:
         args += [len(words), *words]
@@ -172,7 +173,7 @@ def _acl(core: Core) -> Op[Finding]:
         )
     if probed == [b"UNSUPPORTED"]:
         return (yield from _acl_by_getuser(core, key, whoami, user))
-    refused = [(*acl.KEYED, *acl.UNKEYED)[i - 1] for i in probed[0]]
+    refused = [acl.COMMANDS[i - 1] for i in probed[0]]
     if not refused:
         return Finding(
             "acl", "ok", f"{user} may run every command the store needs on {core.keys.namespace}:*"
@@ -234,7 +235,12 @@ def _namespace(core: Core) -> Op[Finding]:
     """Requests, due steps and live replicas, read as ``mstar-store top`` reads them."""
     at = time.time()
     keys = core.keys
-    replies = yield from read_many(core, stats.overview_reads(keys, at, stats.LIVE_WITHIN), {})
+    try:
+        replies = yield from read_many(core, stats.overview_reads(keys, at, stats.LIVE_WITHIN), {})
+    except StoreConnectionError:
+        raise
+    except StoreError as e:  # a refusal (NOPERM, say): the other findings still count
+        return Finding("namespace", "fatal", f"{keys.namespace!r} cannot be read: {e.reason}")
     seen = stats.parse_overview(replies, at)
     due = f"{seen.steps_due} steps due"
     if seen.oldest_due is not None:
