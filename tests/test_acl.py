@@ -4,36 +4,24 @@ and ``doctor`` names what a user lacks. On a private server with ACL users of it
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
-from mstar.engine.resources import KVSequenceInfo, PublishedInfo, PublishedKVInfo
-from store import ReplicaRegistry, Step, register_kind
+from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo
+from store import Codec, ReplicaRegistry, Step
 from store import acl as store_acl
 from store.cli import main as cli
 from store.health import worst
 from tests.servers import RedisServer
 from tests.stores import Stores
+from tests.test_concurrency import REGISTRY, TagsInfo  # a kind merged by WATCH/MULTI/EXEC
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "s3cret"
 DECODE = CurrentForwardConductorMetadata(graph_walk="decode", is_prefill=False)
-
-
-@register_kind(name="test-acl-tags")
-@dataclass
-class Tags(PublishedInfo):
-    """A kind without a server-side merge: merged by WATCH/MULTI/EXEC."""
-
-    tags: set[str] = field(default_factory=set)
-
-    def update(self, other: PublishedInfo) -> None:
-        assert isinstance(other, Tags)
-        self.tags |= other.tags
 
 
 def test_every_command_of_the_scripts_is_granted() -> None:
@@ -65,8 +53,9 @@ def workload(store: Any, client: Any) -> None:
         part = PartitionState("llm", prefill, current_worker_graph_ids={"wg"})
         store.create_request(rid, partitions={"llm": part}, max_output_tokens=8, check_in=0.0)
     kv = PublishedKVInfo(info={0: {"llm": KVSequenceInfo(seq_len=3, page_indices=[1])}})
-    store.merge_publish_info("r-1", "llm", {"kv": kv, "tags": Tags({"a"})})
-    store.merge_publish_info("r-1", "llm", {"tags": Tags({"b"})})
+    store.merge_publish_info("r-1", "llm", {"kv": kv})
+    store.merge_publish_info("r-2", "llm", {"tags": TagsInfo({"a"})})
+    store.merge_publish_info("r-2", "llm", {"tags": TagsInfo({"b"})})
     for rank in (0, 1):
         outcome = store.record_worker_report(
             "r-1", "llm", fwd_pass=0, worker_graph_id="wg", rank=rank, num_ranks=2,
@@ -77,7 +66,7 @@ def workload(store: Any, client: Any) -> None:
     lease = store.claim_step("r-2", "llm", "replica-a")  # its check time (0 s) has come
     assert lease is not None
     store.release_lease(lease, sent=False)
-    state = store.load_request("r-1")
+    state = store.load_request("r-2")
     assert state.partitions["llm"].resource_publish_info["tags"].tags == {"a", "b"}
     store.update_partition("r-2", "llm", num_output_tokens=2)
     store.due_steps(limit=10)
@@ -95,7 +84,7 @@ def test_the_documented_user_can_do_everything_and_doctor_says_ok(
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     url = add_user(tmp_redis, "mstar", store_acl.acl_rules(namespace))
-    store = make_store.from_url(url, namespace=namespace)
+    store = make_store.from_url(url, namespace=namespace, codec=Codec(REGISTRY))
     workload(store, store.client)
     found = {f.check: f for f in store.check_server()}
     assert found["acl"].level == "ok", found["acl"]
