@@ -21,7 +21,7 @@ from store.cli import main as cli
 from store.health import Finding, worst
 from tests.conftest import Run, create_small_request
 from tests.runtime_planner import TwoRankPlanner
-from tests.servers import RedisServer
+from tests.servers import RedisCluster, RedisSentinel, RedisServer
 from tests.stores import Stores
 
 EVICTING = ("--maxmemory-policy", "allkeys-lru", "--maxmemory", "64mb")
@@ -62,7 +62,8 @@ def test_doctor_prints_a_line_per_check_and_exits_0(run: Run, client: redis.Redi
 
     assert result.code == 0, result.out + result.err
     lines = result.out.splitlines()
-    assert [line.split()[1] for line in lines] == [
+    checks = list(dict.fromkeys(line.split()[1] for line in lines))  # per master on a cluster
+    assert [c for c in checks if c != "cluster"] == [
         "server", "eviction", "persistence", "scripts", "acl", "namespace",
     ]  # fmt: skip
     assert all(line.split()[0] in ("ok", "warning") for line in lines)
@@ -231,3 +232,41 @@ async def test_an_async_replica_refuses_to_run_on_an_evicting_server(
         assert "allkeys-lru" in refused.value.policies[0]
         stop.set()
         await AsyncReplica(store, planner=TwoRankPlanner(1), allow_eviction=True).run(stop)
+
+
+# -- a cluster and a Sentinel: every master, and the mode --------------------------------------
+
+
+@pytest.mark.servers
+@pytest.mark.cluster
+def test_on_a_cluster_every_master_is_checked(
+    tmp_cluster: RedisCluster, namespace: str, make_store: Stores
+) -> None:
+    store = make_store.from_url(tmp_cluster.store_url, namespace=namespace)
+
+    findings = store.check_server()
+
+    assert worst(findings) != "fatal", findings
+    (cluster,) = [f for f in findings if f.check == "cluster"]
+    assert cluster.message == "all 16384 slots served by 3 masters"
+    masters = {f"127.0.0.1:{port}" for port in tmp_cluster.ports}
+    for check in ("server", "eviction", "persistence", "scripts"):
+        found = [f for f in findings if f.check == check]
+        assert {f.message.split(":")[0] + ":" + f.message.split(":")[1] for f in found} <= masters
+        assert len(found) == 3, (check, found)
+    assert all("Redis Cluster" in f.message for f in findings if f.check == "server")
+    assert [f.level for f in store.check_eviction()] == ["ok"] * 3
+
+
+@pytest.mark.servers
+@pytest.mark.sentinel
+def test_through_sentinel_the_master_is_named_as_such(
+    tmp_sentinel: RedisSentinel, namespace: str, make_store: Stores
+) -> None:
+    url = f"redis+sentinel://{tmp_sentinel.host}:{tmp_sentinel.port}/{tmp_sentinel.service_name}"
+    store = make_store.from_url(url, namespace=namespace)
+
+    found = by_check(store.check_server())
+
+    assert found["server"].message.endswith("Sentinel-managed master")
+    assert worst(list(found.values())) != "fatal"
