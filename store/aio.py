@@ -15,8 +15,9 @@ from store.codec import Codec
 from store.facade import async_method
 from store.io.aio import AsyncExecutor
 from store.io.connect import aclose_client, async_client_from_url
+from store.io.wire import describe_client
 from store.observe import Instruments
-from store.ops import fields, lifecycle, merges, reads, reports
+from store.ops import fields, lifecycle, merges, reads, reports, server
 from store.ops import leases as lease_ops
 from store.ops.calls import Reconnect
 from store.ops.core import Core
@@ -59,13 +60,16 @@ class AsyncRequestStore(StoreSettings):
             )
         )
         self.client = client
+        self._core.deployment, self._core.server_name = describe_client(client)
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str = "mstar", **options: Any) -> AsyncRequestStore:
         """A store on the Redis at ``url`` (the URL forms of ``RequestStore.from_url``)."""
         store_options = split_options(options)
         client = async_client_from_url(url, **options)
-        return cls(client, namespace=namespace, **store_options)
+        store = cls(client, namespace=namespace, **store_options)
+        store._core.open_check_pending = True  # see RequestStore.from_url
+        return store
 
     async def aclose(self) -> None:
         """Close the client's connections."""
@@ -88,6 +92,7 @@ class AsyncRequestStore(StoreSettings):
     request_exists = async_method(lifecycle.request_exists)
     delete_request = async_method(lifecycle.delete_request)
     finish_request = async_method(lifecycle.finish_request)
+    kept_until = async_method(lifecycle.kept_until)
     reap = async_method(lifecycle.reap)
     # -- reads
     load_request = async_method(reads.load_request)
@@ -115,3 +120,6 @@ class AsyncRequestStore(StoreSettings):
     schedule_check = async_method(lease_ops.schedule_check)
     due_steps = async_method(lease_ops.due_steps)
     leases = async_method(lease_ops.leases)
+    # -- the server
+    check_server = async_method(server.check_server)
+    check_eviction = async_method(server.check_eviction)

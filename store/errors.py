@@ -49,6 +49,16 @@ class ConfigurationError(StoreError):
     """The store was set up with a client or setting it cannot work with."""
 
 
+class EvictingServerError(ConfigurationError):
+    """The Redis server may evict keys (a ``maxmemory-policy`` other than ``noeviction``),
+    and with them requests, index entries and the op ids that stop a resend applying twice.
+    A replica refuses to ``run`` on it unless built with ``allow_eviction=True``."""
+
+    def __init__(self, message: str, *, policies: list[str]) -> None:
+        self.policies = policies
+        super().__init__(message)
+
+
 class ValidationError(StoreError, ValueError):
     """An argument would break the key layout or a limit: nothing was written."""
 

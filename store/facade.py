@@ -16,6 +16,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from store.ops.core import Core
 from store.ops.effects import Op
+from store.ops.server import warn_if_evicting
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -61,6 +62,8 @@ class sync_method(Generic[P, T]):
         def function(store: Facade, /, *args: P.args, **kwargs: P.kwargs) -> T:
             run: Callable[[Op[T]], T] = store._executor.run
             core = store._core
+            if core.open_check_pending and core.take_open_check():
+                run(warn_if_evicting(core))  # type: ignore[arg-type]
             with core.instruments.operation(name, _request_id(args, kwargs)):
                 return run(op(core, *args, **kwargs))
 
@@ -93,6 +96,8 @@ class async_method(Generic[P, T]):
         async def function(store: Facade, /, *args: P.args, **kwargs: P.kwargs) -> T:
             run: Callable[[Op[T]], Coroutine[Any, Any, T]] = store._executor.run
             core = store._core
+            if core.open_check_pending and core.take_open_check():
+                await run(warn_if_evicting(core))  # type: ignore[arg-type]
             with core.instruments.operation(name, _request_id(args, kwargs)):
                 return await run(op(core, *args, **kwargs))
 

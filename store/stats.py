@@ -24,18 +24,21 @@ not flushed. Everything here is pure (commands and replies as plain data); the c
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from store.errors import ValidationError
 from store.keys import MAX_NAME_LENGTH, KeySpace
 from store.observe import COUNTERS
+from store.ops.calls import hash_reply
 
 # Every counter goes into the minute buckets; only those that changed are written.
 BUCKET_FIELDS: tuple[str, ...] = tuple(COUNTERS)
 BUCKET_TTL = 15 * 60
 EXPIRY_BEATS = 3
 SECONDS_PER_BUCKET = 60
+LIVE_WITHIN = 5.0  # a replica that beat within this many seconds is alive
 
 Command = tuple[str | int | float, ...]  # (name, *args), for ``execute_command(*command)``
 
@@ -148,3 +151,62 @@ def last_minute(
         name: current.get(name, 0) + previous.get(name, 0) * (1.0 - into_minute)
         for name in BUCKET_FIELDS
     }
+
+
+# -- a namespace at a glance (``top``, ``doctor``) ------------------------------------------
+
+
+def overview_reads(keys: KeySpace, at: float, within: float) -> list[tuple[str, list[Command]]]:
+    """The reads of ``Overview``, as (key, commands) pairs for one round trip: sorted-set
+    counts and two minute buckets, nothing per request."""
+    minute = minute_of(at)
+    return [
+        (keys.index, [("ZCARD", keys.index)]),
+        (keys.deadlines, [
+            ("ZCOUNT", keys.deadlines, "-inf", at),
+            ("ZRANGE", keys.deadlines, 0, 0, "WITHSCORES"),
+        ]),
+        (keys.replicas, [
+            ("ZREVRANGEBYSCORE", keys.replicas, "+inf", at - within, "WITHSCORES"),
+            ("ZCARD", keys.replicas),
+        ]),
+        (keys.stats_bucket(minute), [("HGETALL", keys.stats_bucket(minute))]),
+        (keys.stats_bucket(minute - 1), [("HGETALL", keys.stats_bucket(minute - 1))]),
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Overview:
+    """A namespace's requests, due steps and replicas at ``at``."""
+
+    at: float
+    in_flight: int
+    steps_due: int
+    oldest_due: float | None  # when the oldest due step fell due
+    live: list[tuple[str, float]]  # (replica id, last beat), most recent first
+    registered: int  # replicas in the registry, live or silent
+    current: dict[str, int]  # this minute's bucket
+    previous: dict[str, int]  # the minute before's
+
+
+def parse_overview(replies: Sequence[Sequence[Any]], at: float) -> Overview:
+    """``Overview`` from the replies of ``overview_reads``, in order."""
+    (in_flight,), (due, first_due), (beats, registered), (current,), (previous,) = replies
+    firsts = scored(first_due)
+    return Overview(
+        at=at,
+        in_flight=int(in_flight),
+        steps_due=int(due),
+        oldest_due=firsts[0][1] if firsts and firsts[0][1] <= at else None,
+        live=[(rid.decode(errors="backslashreplace"), beat) for rid, beat in scored(beats)],
+        registered=int(registered),
+        current=parse_counts(hash_reply(current)),
+        previous=parse_counts(hash_reply(previous)),
+    )
+
+
+def scored(reply: list[Any]) -> list[tuple[bytes, float]]:
+    """A WITHSCORES reply as (member, score) pairs: flat in RESP2, paired in RESP3."""
+    if reply and isinstance(reply[0], list):
+        return [(member, float(score)) for member, score in reply]
+    return [(m, float(s)) for m, s in zip(reply[::2], reply[1::2], strict=True)]

@@ -38,9 +38,10 @@ from store.codec import Codec
 from store.facade import Facade, sync_method
 from store.io.connect import client_from_url, close_client
 from store.io.sync import SyncExecutor
+from store.io.wire import describe_client
 from store.keys import KeySpace
 from store.observe import Instruments
-from store.ops import fields, lifecycle, merges, reads, reports
+from store.ops import fields, lifecycle, merges, reads, reports, server
 from store.ops import leases as lease_ops
 from store.ops.calls import DEFAULT_RECONNECT, Reconnect
 from store.ops.core import SETTING_NAMES, Core, Settings, StoreStats
@@ -135,12 +136,19 @@ class RequestStore(StoreSettings):
             )
         )
         self.client = client
+        self._core.deployment, self._core.server_name = describe_client(client)
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str = "mstar", **options: Any) -> RequestStore:
-        """A store on the Redis at ``url`` (see ``store.io.connect`` for the URL forms)."""
+        """A store on the Redis at ``url`` (see ``store.io.connect`` for the URL forms).
+
+        Its first call also asks the server's ``maxmemory-policy`` (one round trip, once)
+        and logs a warning if the server may evict keys; ``check_server`` says more.
+        """
         store_options = split_options(options)
-        return cls(client_from_url(url, **options), namespace=namespace, **store_options)
+        store = cls(client_from_url(url, **options), namespace=namespace, **store_options)
+        store._core.open_check_pending = True  # warn of an evicting server at the first call
+        return store
 
     def close(self) -> None:
         """Close the client's connections."""
@@ -163,6 +171,7 @@ class RequestStore(StoreSettings):
     request_exists = sync_method(lifecycle.request_exists)
     delete_request = sync_method(lifecycle.delete_request)
     finish_request = sync_method(lifecycle.finish_request)
+    kept_until = sync_method(lifecycle.kept_until)
     reap = sync_method(lifecycle.reap)
     # -- reads
     load_request = sync_method(reads.load_request)
@@ -190,3 +199,6 @@ class RequestStore(StoreSettings):
     schedule_check = sync_method(lease_ops.schedule_check)
     due_steps = sync_method(lease_ops.due_steps)
     leases = sync_method(lease_ops.leases)
+    # -- the server
+    check_server = sync_method(server.check_server)
+    check_eviction = sync_method(server.check_eviction)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -197,6 +198,29 @@ def test_ls_flags_an_index_entry_without_its_request(
     assert lines[0].startswith("2 requests")
     assert any(line.startswith("ghost") and "not held" in line for line in lines)
     assert any(line.startswith("r-1") and "llm: pass 1" in line for line in lines)
+
+
+def test_ls_tells_an_expired_finished_request_from_an_interrupted_one(
+    run: Run, store: RequestStore, client: redis.Redis
+) -> None:
+    for rid in ("done", "ghost", "kept"):
+        seed_request(store, rid)
+    store.finish_request("done", keep_for=0.05)
+    store.finish_request("kept", keep_for=3600)
+    time.sleep(0.2)  # the finished request's keys expire; reap has not run
+    store.delete_request("ghost")
+    client.zadd(store.keys.index, {"ghost": 0})  # as a create interrupted after the index
+
+    by_id = {line.split()[0]: line for line in run("ls").out.splitlines()[1:]}
+
+    assert "expired (finished, kept until 20" in by_id["done"]
+    assert "interrupted" not in by_id["done"]
+    assert "not held: its create or delete was interrupted" in by_id["ghost"]
+    assert "llm: pass 1" in by_id["kept"]  # still held, shown as usual
+    assert store.kept_until("ghost") is None
+    store.reap(max_age=3600)  # drops both: "done" expired, "ghost" is as old as its score
+    assert store.kept_until("done") is None
+    assert store.list_requests() == ["kept"]
 
 
 def test_ls_prints_a_line_for_each_damaged_request_and_goes_on(

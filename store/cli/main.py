@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "store.cli.replicas",
     "store.cli.top",
     "store.cli.history",
+    "store.cli.doctor",
     "store.cli.simulate.command",
 )
 

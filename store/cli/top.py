@@ -29,11 +29,10 @@ from store.cli.view import age
 from store.keys import KeySpace
 from store.namespace import NamespaceReader
 from store.ops.calls import hash_reply
-from store.ops.effects import Command
 from store.stats import ReplicaStats
 
 DEFAULT_INTERVAL = 1.0
-DEFAULT_WITHIN = 5.0
+DEFAULT_WITHIN = stats.LIVE_WITHIN
 NO_RICH_HINT = (
     "hint: `pip install 'mstar-conductor-store[top]'` (rich) for a live table; plain frames follow"
 )
@@ -92,56 +91,31 @@ class Frame:
 def sample(client: Any, keys: KeySpace, at: float, within: float) -> Frame:
     """Read one frame; its cost does not depend on how many requests are held."""
     reader = NamespaceReader(client, namespace=keys.namespace, reconnect=cli.CLI_RECONNECT)
-    minute = stats.minute_of(at)
-    reads: list[tuple[str, list[Command]]] = [
-        (keys.index, [("ZCARD", keys.index)]),
-        (keys.deadlines, [
-            ("ZCOUNT", keys.deadlines, "-inf", at),
-            ("ZRANGE", keys.deadlines, 0, 0, "WITHSCORES"),
-        ]),
-        (keys.replicas, [
-            ("ZREVRANGEBYSCORE", keys.replicas, "+inf", at - within, "WITHSCORES"),
-            ("ZCARD", keys.replicas),
-        ]),
-        (keys.stats_bucket(minute), [("HGETALL", keys.stats_bucket(minute))]),
-        (keys.stats_bucket(minute - 1), [("HGETALL", keys.stats_bucket(minute - 1))]),
-    ]  # fmt: skip
-    (in_flight,), (due, first_due), (beats, registered), (current,), (previous,) = reader.read_many(
-        reads, {}
-    )
-    live = [(rid.decode(errors="backslashreplace"), beat) for rid, beat in _scored(beats)]
+    seen = stats.parse_overview(reader.read_many(stats.overview_reads(keys, at, within), {}), at)
     replica_hashes = [
         hash_reply(raw)
         for (raw,) in reader.read_many(
-            [(keys.replica_stats(rid), [("HGETALL", keys.replica_stats(rid))]) for rid, _ in live],
+            [
+                (keys.replica_stats(rid), [("HGETALL", keys.replica_stats(rid))])
+                for rid, _ in seen.live
+            ],
             {},
         )
     ]
-    firsts = _scored(first_due)
-    oldest_due = firsts[0][1] if firsts and firsts[0][1] <= at else None
     return Frame(
         namespace=keys.namespace,
         at=at,
-        in_flight=int(in_flight),
-        steps_due=int(due),
-        oldest_due=oldest_due,
+        in_flight=seen.in_flight,
+        steps_due=seen.steps_due,
+        oldest_due=seen.oldest_due,
         replicas=[
             stats.parse_replica(rid, beat, raw)
-            for (rid, beat), raw in zip(live, replica_hashes, strict=True)
+            for (rid, beat), raw in zip(seen.live, replica_hashes, strict=True)
         ],
-        silent=int(registered) - len(live),
-        last_minute=stats.last_minute(
-            stats.parse_counts(hash_reply(current)), stats.parse_counts(hash_reply(previous)), at
-        ),
+        silent=seen.registered - len(seen.live),
+        last_minute=stats.last_minute(seen.current, seen.previous, at),
         server=server_stats(reader),
     )
-
-
-def _scored(reply: list[Any]) -> list[tuple[bytes, float]]:
-    """A WITHSCORES reply as (member, score) pairs: flat in RESP2, paired in RESP3."""
-    if reply and isinstance(reply[0], list):
-        return [(member, float(score)) for member, score in reply]
-    return [(m, float(s)) for m, s in zip(reply[::2], reply[1::2], strict=True)]
 
 
 def server_stats(reader: NamespaceReader) -> ServerStats | None:

@@ -52,13 +52,22 @@ def run_ls(args: argparse.Namespace) -> int:
                 line = summary_line(store.load_request(rid), now)
                 line += driver_summary(store.leases(rid), now)
             except RequestNotFound:
-                line = "not held: its create or delete was interrupted (stale index entry)"
+                line = gone(store.kept_until(rid), now)
             except StoreError as e:  # one damaged request must not hide the others
                 line = unreadable(e)
             except ValueError as e:  # an error the library has not typed: still one line
                 line = f"unreadable: {type(e).__name__}: {e}"
             print(f"{rid:<{width}}  {line}")
     return 0
+
+
+def gone(kept_until: float | None, now: float) -> str:
+    """Why an indexed request is not held: it finished and its keys expired as planned
+    (``reap`` drops the entry), or its create or delete was interrupted."""
+    if kept_until is not None and kept_until <= now:
+        until = datetime.fromtimestamp(kept_until, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return f"expired (finished, kept until {until}); reap drops its index entry"
+    return "not held: its create or delete was interrupted (stale index entry)"
 
 
 def unreadable(error: StoreError) -> str:

@@ -90,7 +90,11 @@ class _Endpoint:
     async def give_back(self, conn: Any) -> None:
         try:
             if self.node is not None:
-                self.node.release(conn)
+                release = getattr(self.node, "release", None)
+                if release is not None:
+                    release(conn)
+                else:  # redis-py before 8: a cluster node's free list, as it releases itself
+                    self.node._free.append(conn)
             elif conn.is_connected and self._loop is asyncio.get_running_loop():
                 self._free.append(conn)
             else:

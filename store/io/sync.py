@@ -96,7 +96,8 @@ class _Endpoint:
             _raise_mapped(e, self.address)
 
     def give_back(self, conn: Any) -> None:
-        if self.keep and self._pid == os.getpid() and conn.is_connected:
+        # ``_sock``: redis-py before 8 has no ``is_connected`` (8's is ``_sock is not None``).
+        if self.keep and self._pid == os.getpid() and conn._sock is not None:
             self._free.append(conn)
         else:
             self.pool.release(conn)

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import redis
+import redis.asyncio.cluster
+import redis.cluster
 from redis import exceptions as rex
 
 from store.errors import ConfigurationError, StoreConnectionError, StoreError
@@ -67,6 +69,19 @@ def server_address(pool: Any) -> str:
         )
         return f"sentinel service {service!r}" + (f" at {hosts}" if hosts else "")
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+def describe_client(client: Any) -> tuple[str, str]:
+    """How ``client`` (sync or asyncio) reaches Redis: ``standalone``, ``sentinel`` or
+    ``cluster``, and the server(s) it names."""
+    if isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
+        nodes = client.get_nodes()
+        hosts = ",".join(f"{n.host}:{n.port}" for n in nodes[:3])
+        return "cluster", f"cluster at {hosts}" if hosts else "a Redis Cluster"
+    pool = getattr(client, "connection_pool", None)
+    if getattr(pool, "service_name", None):
+        return "sentinel", server_address(pool)
+    return "standalone", server_address(pool) if pool is not None else "the server"
 
 
 def group_by_server(

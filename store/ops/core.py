@@ -184,6 +184,17 @@ class Core:
         self._topologies: OrderedDict[str, Topology] = OrderedDict()
         self._topology_lock = threading.Lock()
         self._op_pid, self._op_prefix, self._op_count = 0, "", itertools.count()
+        # How the store reaches Redis (set by the store from its client, for doctor):
+        # "standalone", "sentinel" or "cluster", and how errors and findings name it.
+        self.deployment = "standalone"
+        self.server_name = "the server"
+        self.open_check_pending = False  # from_url: look at the eviction policy first
+
+    def take_open_check(self) -> bool:
+        """True once, for the first call after ``open_check_pending`` was set."""
+        with self._topology_lock:
+            pending, self.open_check_pending = self.open_check_pending, False
+        return pending
 
     # -- ids ------------------------------------------------------------------------------
 

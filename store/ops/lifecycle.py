@@ -156,6 +156,17 @@ def request_exists(core: Core, request_id: str) -> Op[bool]:
     return bool(held)
 
 
+def kept_until(core: Core, request_id: str) -> Op[float | None]:
+    """When a request finished with ``keep_for`` expires (its keys are gone after), as
+    ``<ns>:finished`` records it until ``reap``; None if it holds no such entry. It tells an
+    index entry of a request that expired as planned from one of an interrupted create or
+    delete."""
+    rid = validate_request_id(request_id)
+    key = core.keys.finished
+    (score,) = yield from core.send(key, [("ZSCORE", key, rid)], {"request_id": rid})
+    return None if score is None else float(score)
+
+
 def delete_request(core: Core, request_id: str) -> Op[bool]:
     """Remove the request and all its keys; False if it was not held."""
     rid = validate_request_id(request_id)

@@ -72,10 +72,17 @@ def server_info(core: Core, node: Node, sections: Sequence[str]) -> Op[dict[str,
     refuses INFO (ACLs)."""
     commands: list[Command] = [("INFO", section) for section in sections]
     replies = yield from send_to_node(core, node, commands, {}, refused=True)
+    if any(isinstance(reply, ErrorReply) for reply in replies):
+        return {}
+    return parse_info(replies)
+
+
+def parse_info(replies: Sequence[Any]) -> dict[str, str]:
+    """INFO replies as one dict (``redis_version`` -> ``7.0.15``); an error reply adds nothing."""
     info: dict[str, str] = {}
     for reply in replies:
         if isinstance(reply, ErrorReply):
-            return {}
+            continue
         text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
         for line in text.splitlines():
             name, sep, value = line.partition(":")

@@ -44,11 +44,13 @@ class AsyncReplica(ReplicaBase):
         failpoints: Failpoints | None = None,
         rng: random.Random | None = None,
         instruments: Instruments | None = None,
+        allow_eviction: bool = False,
     ) -> None:
         registry = registry or AsyncReplicaRegistry(store.client, namespace=store.keys.namespace)
         super().__init__(
             store, registry, planner, replica_id=replica_id, timing=timing or Timing(),
             failpoints=failpoints, rng=rng, instruments=instruments,
+            allow_eviction=allow_eviction,
         )  # fmt: skip
         self._busy = 0
         self._idle: asyncio.Event | None = None  # made in the loop that first needs it
@@ -81,6 +83,7 @@ class AsyncReplica(ReplicaBase):
 
     async def run(self, stop: asyncio.Event) -> None:
         """See ``Replica.run``."""
+        await self._run(self.preflight())
         schedule = Schedule(self.timing, self.books.deadlines, time.monotonic())
         while not (stop.is_set() or self.draining):
             for name in schedule.due(time.monotonic()):

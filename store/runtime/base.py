@@ -15,12 +15,17 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from store.errors import ConfigurationError, ReplicaDrainingError, StoreConnectionError
+from store.errors import (
+    ConfigurationError,
+    EvictingServerError,
+    ReplicaDrainingError,
+    StoreConnectionError,
+)
 from store.keys import MAX_NAME_LENGTH
 from store.observe import Instruments
 from store.runtime import decisions
 from store.runtime.books import Books
-from store.runtime.decisions import Program
+from store.runtime.decisions import Call, Program
 from store.runtime.timing import HEARTBEAT, RECOVERY, Schedule, Timing
 
 log = logging.getLogger("store.runtime")
@@ -55,6 +60,7 @@ class ReplicaBase:
         failpoints: Failpoints | None,
         rng: random.Random | None,
         instruments: Instruments | None,
+        allow_eviction: bool = False,
     ) -> None:
         if timing.lease_ttl != store.lease_ttl:
             raise ConfigurationError(
@@ -78,6 +84,7 @@ class ReplicaBase:
         self.targets = {"store": store, "registry": registry, "planner": planner}
         self.predicts = overrides(planner, "predict_step")
         self.draining = False
+        self.allow_eviction = allow_eviction
         self._flushed: dict[str, int] = {}
 
     @property
@@ -103,6 +110,27 @@ class ReplicaBase:
             return looked >= self.timing.recovery_batch
         yield from decisions.reap(self.books)
         return False
+
+    def preflight(self) -> Program[None]:
+        """Refuse to run on a server that may evict the store's keys (``run`` begins here)
+        unless ``allow_eviction``. A server unreachable now is not refused: the loop waits
+        for it as for any outage, and ``mstar-store doctor`` can say more later."""
+        try:
+            findings = yield Call("store", "check_eviction")
+        except StoreConnectionError as e:
+            log.warning("%s: could not check the eviction policy: %s", self.id, e)
+            return
+        fatal = [f.message for f in findings if f.level == "fatal"]
+        if not fatal:
+            return
+        if self.allow_eviction:
+            log.warning("%s: running anyway (allow_eviction=True): %s", self.id, fatal[0])
+            return
+        raise EvictingServerError(
+            f"replica {self.id} refuses to run: {'; '.join(fatal)}; or build the replica "
+            "with allow_eviction=True to run anyway",
+            policies=fatal,
+        )
 
     def beat(self) -> Program[None]:
         retries = self.store.stats.retries

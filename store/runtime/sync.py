@@ -35,7 +35,9 @@ class Replica(ReplicaBase):
 
     ``timing.lease_ttl`` must be the store's ``lease_ttl``. ``failpoints`` is called with
     the name of each point of ``decisions.FAILPOINTS`` as it is passed (tests kill or stop
-    the process there).
+    the process there). ``allow_eviction=True`` lets ``run`` start on a server whose
+    ``maxmemory-policy`` may evict keys (it warns instead of raising
+    ``EvictingServerError``): only for throwaway data, since eviction loses requests.
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class Replica(ReplicaBase):
         failpoints: Failpoints | None = None,
         rng: random.Random | None = None,
         instruments: Instruments | None = None,
+        allow_eviction: bool = False,
     ) -> None:
         if isinstance(planner, AsyncPlanner):
             raise ConfigurationError(
@@ -58,6 +61,7 @@ class Replica(ReplicaBase):
         super().__init__(
             store, registry, planner, replica_id=replica_id, timing=timing or Timing(),
             failpoints=failpoints, rng=rng, instruments=instruments,
+            allow_eviction=allow_eviction,
         )  # fmt: skip
         self._busy = 0
         self._idle = threading.Condition()
@@ -97,7 +101,10 @@ class Replica(ReplicaBase):
 
         Redis unreachable pauses a duty (growing, jittered, capped) and the loop goes on
         under the same identity; steps whose leases ran out meanwhile are recovered.
+        Raises ``EvictingServerError`` first if the server may evict keys, unless the
+        replica was built with ``allow_eviction=True``.
         """
+        self._run(self.preflight())
         schedule = Schedule(self.timing, self.books.deadlines, time.monotonic())
         while not (stop.is_set() or self.draining):
             for name in schedule.due(time.monotonic()):

@@ -1,0 +1,36 @@
+"""``mstar-store doctor``: is this Redis fit for the store? One line per check.
+
+Exit status 1 when any check is fatal (an evicting server, missing permissions, unserved
+cluster slots), else 0, so a deployment script can refuse to go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import msgspec
+
+from store.cli.main import add_common_options, open_store
+from store.health import worst
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "doctor", help="check the server: eviction, persistence, mode, scripts, ACL, namespace"
+    )
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_common_options(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        findings = store.check_server()
+    if args.json:
+        data = {"namespace": args.namespace, "worst": worst(findings), "findings": findings}
+        print(msgspec.json.format(msgspec.json.encode(data), indent=2).decode())
+    else:
+        for finding in findings:
+            print(finding.line())
+    return 1 if worst(findings) == "fatal" else 0
