@@ -19,7 +19,7 @@ from store.keys import KeySpace
 from store.observe import Instruments
 from store.ops.core import Topology
 from store.records import RequestRecord, RequestState
-from store.runtime import decisions
+from store.runtime import decisions, recovery
 from store.runtime.books import Books
 from store.runtime.decisions import Call, Failpoint, ReportStatus
 from store.runtime.timing import HEARTBEAT, REAP, RECOVERY, Deadlines, Latencies, Schedule
@@ -272,7 +272,7 @@ def test_recovery_sends_a_lost_pass_again_and_backs_off() -> None:
     b = books(Timing(pass_deadline=1.0, jitter=0.0))
     released: list[float] = []
     _, seen = drive(
-        decisions.redo(b, claimed(sends=2)),
+        recovery.redo(b, claimed(sends=2)),
         {"load_request": request(partition(0)), "topology": ALONE, "runnable": True,
          "dispatch": None, "release_lease": lambda call: released.append(call.kwargs["check_in"])},
     )  # fmt: skip
@@ -289,9 +289,9 @@ def test_recovery_does_not_resend_a_pass_sent_lately_or_one_that_cannot_run() ->
     released: list[float] = []
     answers = {"load_request": request(partition(0)), "topology": ALONE, "runnable": True,
                "release_lease": lambda call: released.append(call.kwargs["check_in"])}  # fmt: skip
-    _, seen = drive(decisions.redo(b, claimed(sends=1)), answers)
+    _, seen = drive(recovery.redo(b, claimed(sends=1)), answers)
     assert "dispatch" not in calls(seen) and released == [0.75] and b.counts["fresh"] == 1
-    _, seen = drive(decisions.redo(b, claimed(sends=3)), {**answers, "runnable": False})
+    _, seen = drive(recovery.redo(b, claimed(sends=3)), {**answers, "runnable": False})
     assert "dispatch" not in calls(seen) and b.counts["waiting"] == 1
 
 
@@ -303,11 +303,9 @@ def test_recovery_does_not_resend_a_pass_another_replica_sent_lately() -> None:
     answers = {"load_request": request(partition(0)), "topology": ALONE, "runnable": True,
                "release_lease": lambda call: released.append(
                    (call.kwargs["check_in"], call.kwargs["sent"]))}  # fmt: skip
-    _, seen = drive(decisions.redo(b, claimed(sends=1, sent_at=99.75)), answers)
+    _, seen = drive(recovery.redo(b, claimed(sends=1, sent_at=99.75)), answers)
     assert "dispatch" not in calls(seen) and released == [(0.75, False)]
-    _, seen = drive(
-        decisions.redo(b, claimed(sends=1, sent_at=95.0)), {**answers, "dispatch": None}
-    )
+    _, seen = drive(recovery.redo(b, claimed(sends=1, sent_at=95.0)), {**answers, "dispatch": None})
     assert "dispatch" in calls(seen) and released[1] == (2.0, True)
 
 
@@ -315,7 +313,7 @@ def test_recovery_takes_a_complete_pass_s_step_and_finishes_a_done_request() -> 
     b = books()
     states = [request(partition(0, complete=True)), request(partition(1, done=True))]
     _, seen = drive(
-        decisions.redo(b, claimed()),
+        recovery.redo(b, claimed()),
         {"load_request": lambda call: states.pop(0), "next_step": Step(META, (), True),
          "take_step": 1, "topology": ALONE, "final_outputs": {"text": 1},
          "set_final_output": None, "finished": None, "finish_request": None},
@@ -335,7 +333,7 @@ def test_recovery_of_a_done_partition_whose_request_is_not_done_ends_its_checks(
     )
     releases: list[Any] = []
     _, seen = drive(
-        decisions.redo(b, claimed()),
+        recovery.redo(b, claimed()),
         {"load_request": request(done, running, conns=("p->q",)),
          "topology": Topology(("p", "q"), ("p->q",)), "runnable": False,
          "release_lease": lambda call: releases.append(call.kwargs["check_in"])},
@@ -347,5 +345,5 @@ def test_recovery_of_a_done_partition_whose_request_is_not_done_ends_its_checks(
 def test_a_claim_of_a_step_this_replica_drives_already_is_left_alone() -> None:
     b = books()
     assert b.hold(claimed())
-    _, seen = drive(decisions.redo(b, claimed()), {})
+    _, seen = drive(recovery.redo(b, claimed()), {})
     assert seen == []

@@ -21,7 +21,7 @@ from store.errors import StoreConnectionError, StoreError
 from store.observe import Instruments
 from store.records import Report
 from store.replicas import AsyncReplicaRegistry
-from store.runtime import decisions
+from store.runtime import decisions, recovery
 from store.runtime.base import Failpoints, ReplicaBase, log
 from store.runtime.decisions import Call, Program, ReportResult
 from store.runtime.planner import AsyncPlanner, Planner
@@ -77,7 +77,7 @@ class AsyncReplica(ReplicaBase):
     async def recover_once(self) -> int:
         """See ``Replica.recover_once``."""
         async with self._working(admit=False):
-            return (await self._run(decisions.recover_once(self.books)))[1]
+            return (await self._run(recovery.recover_once(self.books)))[1]
 
     # -- the loop -------------------------------------------------------------------------
 

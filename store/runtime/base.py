@@ -23,7 +23,7 @@ from store.errors import (
 )
 from store.keys import MAX_NAME_LENGTH
 from store.observe import Instruments
-from store.runtime import decisions
+from store.runtime import decisions, recovery
 from store.runtime.books import Books
 from store.runtime.decisions import Call, Program
 from store.runtime.timing import HEARTBEAT, RECOVERY, Schedule, Timing
@@ -106,7 +106,7 @@ class ReplicaBase:
             yield from self.beat()
             return False
         if name == RECOVERY:
-            looked, _ = yield from decisions.recover_once(self.books)
+            looked, _ = yield from recovery.recover_once(self.books)
             return looked >= self.timing.recovery_batch
         yield from decisions.reap(self.books)
         return False

@@ -19,7 +19,7 @@ from store.errors import ConfigurationError, StoreConnectionError, StoreError
 from store.observe import Instruments
 from store.records import Report
 from store.replicas import ReplicaRegistry
-from store.runtime import decisions
+from store.runtime import decisions, recovery
 from store.runtime.base import Failpoints, ReplicaBase, log
 from store.runtime.decisions import Call, Program, ReportResult
 from store.runtime.planner import AsyncPlanner, Planner
@@ -92,7 +92,7 @@ class Replica(ReplicaBase):
     def recover_once(self) -> int:
         """Claim the due steps and redo them; returns how many were claimed."""
         with self._working(admit=False):
-            return self._run(decisions.recover_once(self.books))[1]
+            return self._run(recovery.recover_once(self.books))[1]
 
     # -- the loop -------------------------------------------------------------------------
 
