@@ -34,7 +34,8 @@ import redis
 
 from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
 from store.cli import main as cli
-from store.stats import Command
+from store.keys import KeySpace
+from store.stats import Command, flush_commands
 from store.store import RequestStore
 from tests import backends
 from tests.backends import delete_namespace, redis_url_for_tests
@@ -232,6 +233,18 @@ def create_small_request(store: RequestStore, rid: str) -> None:
         rid, partitions={"llm": PartitionState("llm", meta, current_worker_graph_ids={"wg"})},
         connections={}, max_output_tokens=8, seed=1,
     )  # fmt: skip
+
+
+def send_flush(
+    client: Any,
+    keys: KeySpace,
+    replica: str,
+    totals: dict[str, int],
+    flushed: dict[str, int],
+    **options: Any,
+) -> list[Any]:
+    """A replica's heartbeat flush (``store.stats.flush_commands`` with ``options``), sent."""
+    return send_commands(client, flush_commands(keys, replica, totals, flushed, **options))
 
 
 def send_commands(client: Any, commands: list[Command]) -> list[Any]:

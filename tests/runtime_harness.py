@@ -30,7 +30,7 @@ from store import (
 )
 from store.cli.simulate.planner import AsyncSimPlanner as SimulationAsyncPlanner
 from store.cli.simulate.planner import SimPlanner
-from store.cli.simulate.reference import canonical
+from store.cli.simulate.reference import canonical, differences
 from store.errors import StoreError
 from store.runtime.decisions import ReportResult
 from tests.stores import LoopThread, async_twin
@@ -210,3 +210,10 @@ def finished(store: RequestStore, rid: str) -> bool:
 
 def final_states(store: RequestStore, request_ids: Iterable[str]) -> dict[str, Any]:
     return {rid: canonical(store.load_request(rid)) for rid in request_ids}
+
+
+def assert_matches(store: RequestStore, reference: dict[str, Any], ids: Iterable[str]) -> None:
+    """Every request in ``ids`` ended as the crash-free reference run says it must."""
+    got = final_states(store, ids)
+    wrong = {rid: differences(reference[rid], got[rid]) for rid in got}
+    assert not any(wrong.values()), wrong

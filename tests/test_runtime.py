@@ -28,10 +28,10 @@ from store import (
 )
 from store.cli.simulate import model
 from store.cli.simulate.planner import SimPlanner
-from store.cli.simulate.reference import differences, reference_run
+from store.cli.simulate.reference import reference_run
 from store.records import Report
 from store.runtime import Replica
-from tests.runtime_harness import FAST, Harness, final_states, finished, pump
+from tests.runtime_harness import FAST, Harness, assert_matches, finished, pump
 from tests.runtime_planner import PredictingPlanner, TwoRankPlanner
 
 SEED = 11
@@ -60,12 +60,6 @@ def make(kind: str, client: redis.Redis, namespace: str) -> Iterator[Any]:
     yield make
     for harness in made:
         harness.close()
-
-
-def assert_matches(store: RequestStore, reference: dict[str, Any], ids: list[str]) -> None:
-    got = final_states(store, ids)
-    wrong = {rid: differences(reference[rid], got[rid]) for rid in ids}
-    assert not any(wrong.values()), wrong
 
 
 def tts_ids(n: int) -> list[str]:

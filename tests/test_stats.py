@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import redis
 
@@ -16,7 +18,7 @@ from store.stats import (
     parse_counts,
     parse_replica,
 )
-from tests.conftest import send_commands
+from tests.conftest import send_flush
 
 KEYS = KeySpace("ns")
 NOW = 28_333_333 * 60 + 30.5  # 30.5 s into epoch minute 28_333_333
@@ -75,28 +77,8 @@ def test_flushes_of_two_replicas_add_up_in_redis(client: redis.Redis, namespace:
     keys = KeySpace(namespace)
     first = {"passes": 5, "takeovers": 1}
 
-    def flush(
-        replica: str,
-        totals: dict[str, int],
-        flushed: dict[str, int],
-        *,
-        leases: int,
-        requests: int,
-        now: float,
-    ) -> None:
-        send_commands(
-            client,
-            flush_commands(
-                keys,
-                replica,
-                totals,
-                flushed,
-                leases=leases,
-                requests=requests,
-                now=now,
-                heartbeat_interval=2.0,
-            ),
-        )
+    def flush(replica: str, totals: dict[str, int], flushed: dict[str, int], **kw: Any) -> None:
+        send_flush(client, keys, replica, totals, flushed, heartbeat_interval=2.0, **kw)
 
     flush("a", first, {}, leases=1, requests=2, now=NOW)
     flush("b", {"passes": 3}, {}, leases=4, requests=5, now=NOW)

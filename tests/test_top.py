@@ -16,9 +16,9 @@ import store.io.sync as store_io_sync
 from store.cli import top
 from store.keys import KeySpace
 from store.replicas import ReplicaRegistry
-from store.stats import flush_commands, minute_of
+from store.stats import minute_of
 from store.store import RequestStore
-from tests.conftest import Run, send_commands
+from tests.conftest import Run, send_flush
 from tests.conftest import create_small_request as create
 
 # 15 s into the current minute: the previous minute's bucket weighs 45/60 in the estimate.
@@ -44,28 +44,8 @@ def busy_namespace(store: RequestStore) -> None:
     registry.heartbeat("replica-b", now=NOW - 2)
     registry.heartbeat("replica-gone", now=NOW - 600)
 
-    def flush(
-        replica: str,
-        totals: dict[str, int],
-        flushed: dict[str, int],
-        *,
-        leases: int,
-        requests: int,
-        now: float,
-    ) -> None:
-        send_commands(
-            client,
-            flush_commands(
-                keys,
-                replica,
-                totals,
-                flushed,
-                leases=leases,
-                requests=requests,
-                now=now,
-                heartbeat_interval=BEAT,
-            ),
-        )
+    def flush(replica: str, totals: dict[str, int], flushed: dict[str, int], **kw: Any) -> None:
+        send_flush(client, keys, replica, totals, flushed, heartbeat_interval=BEAT, **kw)
 
     before = {"passes": 60, "reports": 120}
     flush("replica-a", before, {}, leases=1, requests=1, now=NOW - 60)

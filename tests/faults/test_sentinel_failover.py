@@ -22,11 +22,11 @@ import redis
 from store import Reconnect
 from store.cli.simulate import model
 from store.cli.simulate.planner import SimPlanner
-from store.cli.simulate.reference import differences, reference_run
+from store.cli.simulate.reference import reference_run
 from store.io.connect import async_client_from_url, client_from_url
 from store.records import Report
 from tests.conftest import require_binaries
-from tests.runtime_harness import FAST, Harness, final_states, pump
+from tests.runtime_harness import FAST, Harness, assert_matches, pump
 from tests.servers import RedisSentinel, RedisServer
 
 pytestmark = [pytest.mark.sentinel, pytest.mark.slow]
@@ -122,9 +122,7 @@ def test_requests_finish_as_the_reference_across_a_sentinel_failover(
         pump(harness, IDS, deliver=deliver, timeout=120)
         assert killed_at is not None, "every request finished before the kill"
         assert pair.promoted()
-        got = final_states(harness.store, IDS)
-        wrong = {rid: differences(reference[rid], got[rid]) for rid in IDS}
-        assert not any(wrong.values()), wrong
+        assert_matches(harness.store, reference, IDS)
         print(
             f"\n{kind}: master killed after {KILL_AT} deliveries; {len(IDS)} requests finished "
             f"as the reference {time.monotonic() - killed_at:.1f} s later on the promoted replica"
