@@ -183,6 +183,7 @@ class Overview:
     in_flight: int
     steps_due: int
     oldest_due: float | None  # when the oldest due step fell due
+    oldest_step: str | None  # which: "<request id> <partition>"
     live: list[tuple[str, float]]  # (replica id, last beat), most recent first
     registered: int  # replicas in the registry, live or silent
     current: dict[str, int]  # this minute's bucket
@@ -193,11 +194,13 @@ def parse_overview(replies: Sequence[Sequence[Any]], at: float) -> Overview:
     """``Overview`` from the replies of ``overview_reads``, in order."""
     (in_flight,), (due, first_due), (beats, registered), (current,), (previous,) = replies
     firsts = scored(first_due)
+    overdue = firsts[0] if firsts and firsts[0][1] <= at else None
     return Overview(
         at=at,
         in_flight=int(in_flight),
         steps_due=int(due),
-        oldest_due=firsts[0][1] if firsts and firsts[0][1] <= at else None,
+        oldest_due=None if overdue is None else overdue[1],
+        oldest_step=None if overdue is None else overdue[0].decode(errors="backslashreplace"),
         live=[(rid.decode(errors="backslashreplace"), beat) for rid, beat in scored(beats)],
         registered=int(registered),
         current=parse_counts(hash_reply(current)),

@@ -67,7 +67,7 @@ def test_once_json_shows_the_numbers_of_the_namespace(
     # This minute's 30 passes count whole, the previous minute's 60 for 45 s of 60.
     assert frame["passes_per_s"] == pytest.approx((30 + 60 * 0.75) / 60)
     assert frame["reports_per_s"] == pytest.approx((60 + 120 * 0.75) / 60)
-    assert frame["steps_due"] == {"count": 2, "oldest_age_s": 30.0}
+    assert frame["steps_due"] == {"count": 2, "oldest_age_s": 30.0, "oldest": "r-1 llm"}
     assert frame["last_minute"]["takeovers"] == 2
     assert frame["last_minute"]["fenced"] == 1
     assert frame["last_minute"]["duplicates"] == 4
@@ -86,7 +86,7 @@ def test_once_json_shows_the_numbers_of_the_namespace(
 def test_an_empty_namespace_is_all_zeros(run: Run) -> None:
     frame = json.loads(run("top", "--once", "--json").out)
     assert frame["requests"] == {"in_flight": 0, "finished_per_s": 0.0}
-    assert frame["steps_due"] == {"count": 0, "oldest_age_s": None}
+    assert frame["steps_due"] == {"count": 0, "oldest_age_s": None, "oldest": None}
     assert frame["replicas"] == []
     assert set(frame["last_minute"].values()) == {0.0}
 
@@ -119,7 +119,7 @@ def test_once_draws_the_frame_for_people(
     assert f"namespace '{store.keys.namespace}'" in out
     assert "3 in flight, 0.1 finished/s" in out
     assert "1.2/s, reports 2.5/s" in out
-    assert "2, the oldest due for 30s" in out
+    assert "2, the oldest due for 30s (r-1 llm: see `mstar-store history`)" in out
     assert "takeovers 2, fenced 1, duplicates 4" in out
     assert "2 alive (beat within 5 s), 1 silent" in out
     lines = [line.split() for line in out.splitlines()]

@@ -79,6 +79,7 @@ class Frame:
     in_flight: int
     steps_due: int
     oldest_due: float | None  # when the oldest due step fell due
+    oldest_step: str | None  # which: "<request id> <partition>"
     replicas: list[ReplicaStats]  # alive, most recent beat first
     silent: int  # replicas in the registry that did not beat within the window
     last_minute: dict[str, float]
@@ -108,6 +109,7 @@ def sample(client: Any, keys: KeySpace, at: float, within: float) -> Frame:
         in_flight=seen.in_flight,
         steps_due=seen.steps_due,
         oldest_due=seen.oldest_due,
+        oldest_step=seen.oldest_step,
         replicas=[
             stats.parse_replica(rid, beat, raw)
             for (rid, beat), raw in zip(seen.live, replica_hashes, strict=True)
@@ -144,6 +146,7 @@ def to_json(frame: Frame) -> dict[str, Any]:
         "steps_due": {
             "count": frame.steps_due,
             "oldest_age_s": None if frame.oldest_due is None else frame.at - frame.oldest_due,
+            "oldest": frame.oldest_step,
         },
         "replicas": [
             {
@@ -176,6 +179,8 @@ def summary_rows(frame: Frame, within: float) -> list[tuple[str, str]]:
     due = f"{frame.steps_due}"
     if frame.oldest_due is not None:
         due += f", the oldest due for {age(frame.at - frame.oldest_due)}"
+        if frame.oldest_step:
+            due += f" ({frame.oldest_step}: see `mstar-store history`)"
     server = frame.server
     redis_line = (
         "INFO not available"
