@@ -30,6 +30,7 @@ from store.cli.simulate import model
 from store.cli.simulate.planner import SimPlanner
 from store.cli.simulate.reference import differences, reference_run
 from store.runtime.decisions import FAILPOINTS
+from tests import backends
 from tests.backends import redis_url_for_tests
 from tests.runtime_harness import Harness, final_states, finished
 from tests.runtime_proc import Lists, report_ref
@@ -75,7 +76,7 @@ class Fleet:
         self.client.rpush(self.lists.dispatch, json.dumps(sent))
 
     def _work(self) -> None:
-        client = redis.Redis.from_url(self.url)
+        client = backends.connect(self.url)
         while not self._stop.is_set():
             popped = client.blpop([self.lists.dispatch], timeout=0.1)
             if popped is None:
