@@ -42,7 +42,8 @@ from tests.backends import delete_namespace, redis_url_for_tests
 from tests.servers import RedisCluster, RedisSentinel, RedisServer, redis_binaries_available
 from tests.stores import Stores, stores_of
 
-__all__ = ["delete_namespace", "redis_url_for_tests"]  # tests import them from here
+# tests import them from here
+__all__ = ["delete_namespace", "new_namespace", "redis_url_for_tests"]
 
 
 def _in_ci() -> bool:
@@ -77,10 +78,15 @@ def _real_redis_is_usable(request: pytest.FixtureRequest) -> None:
             _skip_or_fail(reason)
 
 
+def new_namespace() -> str:
+    """A fresh key prefix, e.g. ``t-1f2e3d4c5b6a`` (one of ``backends.OWN_NAMESPACE``)."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
 @pytest.fixture
 def namespace() -> str:
     """A fresh key prefix per test, e.g. ``t-1f2e3d4c5b6a``; keys live under ``<ns>:``."""
-    return f"t-{uuid.uuid4().hex[:12]}"
+    return new_namespace()
 
 
 @pytest.fixture

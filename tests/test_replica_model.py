@@ -2,29 +2,69 @@
 
 A hypothesis state machine drives the real ``RequestStore`` (one store object per replica, so each
 has its own topology cache, all on one Redis) and keeps an in-memory model of the guarantees the
-store gives several conductor replicas (issue 3): reports counted once, one replica learns that a
-pass completed, one advance per pass, leases with fencing tokens, and deduplicated merges and
-token counts. After every step the stored request, its leases and the recovery index must equal
-the model.
+store gives several conductor replicas (issue 3): reports counted once (a duplicate says what the
+first delivery did), one report completes a pass, one lease per completed pass, leases with
+fencing tokens (a write fenced with a superseded lease is refused, an unfenced one while a replica
+holds a live lease; a holder's re-claim gives its lease back; a finished request's steps are
+never claimed), steps taken once, and deduplicated merges and token counts. After every step the
+stored request, its lease hash, the recovery index and the other indexes must equal the model.
 
-Time is the store's ``time.time()``, replaced by a clock the machine moves, so leases expire when
-a rule says so and never because the test ran slowly.
+Time. Every time that decides something (is a lease live, is a step due) is the Redis server's
+clock, read by the scripts (``redis.call('TIME')``). The model keeps each such time as a ``Span``
+(the server times read just before and just after the call that wrote it) and, once it has read
+the stored value back and found it inside, as that value.
+
+- On fakeredis the machine owns the server's clock: fakeredis answers TIME, expires keys and
+  makes stream ids from ``time.time()`` in ``fakeredis.commands_mixins.server_mixin``,
+  ``fakeredis._socket._base`` and ``fakeredis._helpers``; those three see ``ServerClock``
+  instead, which only ``let_time_pass`` and ``take_over`` move. Spans are single instants, so
+  every stored time is predicted exactly (float for float, as Lua computes it), leases lapse
+  exactly when a rule says so and never because the test ran slowly.
+- On a real Redis the server clock cannot be moved. There the lease TTL is long (``REAL_TTL``,
+  far longer than an example runs) and the rules that move time are off, so a lease lives
+  until it is ended, superseded or the request finishes, and expiries are read relative to the
+  server's TIME. Lapses of real time are covered by tests/test_lifetimes.py; what this run adds
+  is every interleaving the machine makes on the real server (its Lua, its TIME, its number
+  formatting). A decision that the spans cannot settle (a lease about to lapse while an example
+  runs) fails loudly instead of guessing.
+
+The store's own (client-side) clock must not matter for leases: ``store.ops.core`` and
+``store.ops.lifecycle`` read a ``ClientClock`` whose time runs ``CLIENT_SKEW`` off per replica
+(A behind, C ahead, by far more than a lease's TTL), and on fakeredis the server clock sits years
+away from every client's. Only ``created_at`` / ``finished_at`` (the replica's clock, checked
+against its bracket) and the requests index come from the client clock.
+
+Replies carry times through Lua's ``tostring`` (14 significant digits, ``replied``): a lease
+returned by a claim, report or renewal has its expiry rounded so (about 100 us at today's
+epoch), while the lease hash holds it exactly; the model checks each as it is.
+
+The recovery index is modelled exactly as the store writes it (hints sent alongside a step,
+release or finish go out whatever the script then decides). Its documented bound, a hint never
+later than the lease hash's check time, is checked only with ``check_hint_bound = True``: the
+store breaks it today (a report's lease writes no hint; a holder's re-claim sets the hint to
+now + TTL past its unchanged expiry; a renewal shorter than the time left, and a resent create
+with ``check_in``, leave the hint late; a refused release or finish still removes hints).
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-import uuid
+import math
+import time
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from unittest import mock
 
 import fakeredis
+import fakeredis._helpers
+import fakeredis._socket._base
+import fakeredis.commands_mixins.server_mixin
 import pytest
 import redis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -36,9 +76,7 @@ from hypothesis.stateful import (
 )
 
 import store.ops.core
-import store.ops.leases
 import store.ops.lifecycle
-import store.ops.reports
 from mstar.conductor.request_info import (
     CurrentForwardConductorMetadata,
     PartitionDefinition,
@@ -54,22 +92,27 @@ from mstar.engine.resources import (
     SamplingReqConfig,
 )
 from store import (
-    ReportOutcome,
     RequestExistsError,
     RequestRecord,
     RequestStore,
     StalePassError,
     UnknownWorkerGraphError,
 )
-from store.errors import FencedError
-from store.records import Lease
-from tests.conftest import delete_namespace
+from store.errors import FencedError, StoreError
+from store.records import Lease, Step
+from tests import backends
+from tests.conftest import delete_namespace, new_namespace
 
 REPLICAS = ("A", "B", "C")
-LEASE_TTL = 10.0
-# A realistic epoch time with sub-second digits: stored expiry times must survive the trip
-# through Lua numbers and hash strings exactly.
-START_TIME = 1_700_000_000.123456
+FAKE_TTL = 10.0
+REAL_TTL = 60.0
+# A realistic epoch time with sub-second digits (in microseconds, as TIME gives it): stored
+# times must survive the trip through Lua numbers and hash strings exactly.
+START_US = 1_700_000_000_123_456
+# Each replica's own clock, off the wall clock by this much: leases must not care.
+CLIENT_SKEW = {"A": -1000.0, "B": 0.0, "C": 1000.0}
+KEPT = "r0"  # never finished, so that most claims and steps meet a request still running
+KEEP_FOR = 86_400.0  # a finished request is kept this long: longer than any example's time
 MAX_REQUESTS = 3
 
 # Ranks per worker graph, per partition. "ghost" is never in a pass.
@@ -85,8 +128,8 @@ SHAPES = {
 }
 FIRST_PASS = {"llm": {"llm_tp", "sampler"}, "codec": {"codec"}, "default": {"main"}}
 
-# More than the usual 60 x 30: with 19 rules, 60 runs of 30 steps apply only ~75 reports in
-# all (most deliveries are stale or duplicates by design), too few to meet rarer interleavings.
+# More than the usual 60 x 30: with this many rules, 60 runs of 30 steps apply too few reports
+# (most deliveries are stale or duplicates by design) to meet rarer interleavings.
 FAKE_SETTINGS = settings(
     max_examples=100,
     stateful_step_count=50,
@@ -94,23 +137,135 @@ FAKE_SETTINGS = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-REAL_SETTINGS = settings(FAKE_SETTINGS, max_examples=15)
+REAL_SETTINGS = settings(FAKE_SETTINGS, max_examples=50)
 
-E = TypeVar("E", bound=BaseException)
+E = TypeVar("E", bound=StoreError)
 
 
-class Clock:
-    """Stands in for the ``time`` module inside ``store.store`` (``time()`` and ``sleep()``)."""
+def replied(x: float) -> float:
+    """``x`` as a script's reply carries it: Lua 5.1's ``tostring`` (``%.14g``)."""
+    return float(f"{x:.14g}")
+
+
+@dataclass(frozen=True)
+class Span:
+    """A time known to lie in [lo, hi] (a single instant on fakeredis)."""
+
+    lo: float
+    hi: float
+
+    @staticmethod
+    def at(x: float) -> Span:
+        return Span(x, x)
+
+    def __add__(self, other: Span | float) -> Span:
+        o = other if isinstance(other, Span) else Span.at(other)
+        return Span(self.lo + o.lo, self.hi + o.hi)
+
+    def __sub__(self, other: Span) -> Span:
+        return Span(self.lo - other.hi, self.hi - other.lo)
+
+    def map(self, f: Callable[[float], float]) -> Span:
+        """``f`` (non-decreasing) applied to the time."""
+        return Span(f(self.lo), f(self.hi))
+
+    def holds(self, x: float, slack: float) -> bool:
+        return self.lo - slack <= x <= self.hi + slack
+
+
+class Undecided(AssertionError):
+    """The spans cannot say whether a time has come (only on a real server)."""
+
+
+def later(a: Span, b: Span) -> bool:
+    """Is ``a > b``, as a script compares them?"""
+    if a.lo > b.hi:
+        return True
+    if a.hi <= b.lo:
+        return False
+    raise Undecided(f"cannot tell whether {a} > {b}: an example ran too long for REAL_TTL")
+
+
+class ServerClock:
+    """fakeredis's ``time`` module: TIME, key expiry and stream ids follow ``us``."""
 
     def __init__(self) -> None:
-        self.now = START_TIME
+        self.us = START_US
 
     def time(self) -> float:
-        return self.now
+        return self.us / 1_000_000
 
-    def sleep(self, seconds: float) -> None:
-        # The store sleeps only while backing off; the machine's clock is not wall time.
-        self.now += seconds
+    def now(self) -> float:
+        """What the scripts' ``now()`` computes from TIME's (seconds, microseconds)."""
+        seconds, micros = divmod(self.us, 1_000_000)
+        return seconds + micros / 1_000_000
+
+    def move_to(self, at: float) -> None:
+        """Move on to the first microsecond at which ``now()`` is at least ``at``."""
+        self.us = max(self.us, math.ceil(at * 1_000_000) - 1)
+        while self.now() < at:
+            self.us += 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+class ClientClock:
+    """The store's own ``time`` module: the wall clock, off by the calling replica's skew."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def time(self) -> float:
+        return time.time() + self.offset
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+class OnReplica:
+    """A replica's ``RequestStore``, every call of it run on that replica's client clock."""
+
+    def __init__(self, store: RequestStore, clock: ClientClock, replica: str) -> None:
+        self.store = store
+        self.clock = clock
+        self.offset = CLIENT_SKEW[replica]
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.store, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.clock.offset = self.offset
+            return attr(*args, **kwargs)
+
+        return call
+
+
+@dataclass
+class Result:
+    """What one store call did: its value, or the ``StoreError`` it raised."""
+
+    value: Any = None
+    error: StoreError | None = None
+
+    def ok(self) -> Any:
+        if self.error is not None:
+            raise AssertionError(f"expected success, got {self.error!r}") from self.error
+        return self.value
+
+    def failed(self, kind: type[E]) -> E:
+        assert isinstance(self.error, kind), f"expected {kind.__name__}, got {self.error!r}"
+        event(f"refused: {kind.__name__}")
+        return self.error
+
+    def fenced(self, token: int, current: int, partition: str | None = None) -> None:
+        error = self.failed(FencedError)
+        assert (error.token, error.current) == (token, current)
+        if not token:
+            assert error.partition == partition
+            event("refused: unfenced write under a live lease")
 
 
 # -- strategies -------------------------------------------------------------------------------
@@ -185,22 +340,39 @@ class Advance:
 
 
 @dataclass
+class Held:
+    """A lease the lease hash holds on one partition (holder, token, pass, expiry)."""
+
+    holder: str
+    token: int
+    pass_number: int
+    expires: Span
+
+
+@dataclass
 class RequestModel:
     """What the store must hold for one request, and what it must remember about its past."""
 
     create_kwargs: dict[str, Any]
     record: RequestRecord
+    created_at: Span  # by the creating replica's clock
     partitions: dict[str, PartitionState]
     connections: dict[str, StreamingConnectionState]
     # (worker graph, rank) reported in each partition's current pass
     reported: dict[str, set[tuple[str, int]]]
+    # partition -> (worker graph, rank) of the report that completed its current pass
+    completer: dict[str, tuple[str, int]] = field(default_factory=dict)
     # applied op ids, prefixed per operation as the store does ("advance:", "merge:", ...)
     ops: set[str] = field(default_factory=set)
+    finished_at: Span | None = None
+    # -- the lease hash
     fencing_token: int = 0
-    # partition -> token of its latest lease (a write fenced with any other token is rejected)
-    lease_tokens: dict[str, int] = field(default_factory=dict)
-    # partition -> its latest lease, until released
-    held: dict[str, Lease] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)  # token of each partition's latest lease
+    held: dict[str, Held] = field(default_factory=dict)  # until ended (or the request finished)
+    checks: dict[str, Span] = field(default_factory=dict)  # when a claim may take the step
+    sends: dict[str, int] = field(default_factory=dict)
+    sent: dict[str, Span] = field(default_factory=dict)
+    stepped: dict[str, str] = field(default_factory=dict)  # "<pass>:<token>" of the last step
 
     def outgoing(self, partition: str) -> list[str]:
         return [c for c in self.connections if c.split("->")[0] == partition]
@@ -209,53 +381,103 @@ class RequestModel:
         return [c for c in self.connections if c.split("->")[1] == partition]
 
     def superseded(self, lease: Lease) -> bool:
-        return self.lease_tokens.get(lease.partition) != lease.token
-
-
-def _raises(error: type[E], call: Callable[[], object]) -> E:
-    with pytest.raises(error) as info:
-        call()
-    return info.value
+        return self.tokens.get(lease.partition, 0) != lease.token
 
 
 class ReplicaMachine(RuleBasedStateMachine):
     """Replicas A, B, C (one ``RequestStore`` each) against one Redis and one model."""
 
-    def __init__(self, real_client: redis.Redis | None = None) -> None:
+    on_real_redis: ClassVar[bool] = False
+    check_hint_bound: ClassVar[bool] = False
+
+    def __init__(self) -> None:
         super().__init__()
-        self.clock = Clock()
-        self._clock_patches = [
-            mock.patch.object(module, "time", self.clock)
-            for module in (store.ops.core, store.ops.leases, store.ops.lifecycle, store.ops.reports)
-        ]
-        for patch in self._clock_patches:
+        self.fake = not self.on_real_redis
+        self.ttl = FAKE_TTL if self.fake else REAL_TTL
+        self.slack = 0.0 if self.fake else 1e-6
+        self.namespace = new_namespace()
+        self.server_clock = ServerClock()
+        self.client_clock = ClientClock()
+        modules: list[types.ModuleType] = [store.ops.core, store.ops.lifecycle]
+        self._patches = [mock.patch.object(m, "time", self.client_clock) for m in modules]
+        if self.fake:
+            server_modules = (
+                fakeredis.commands_mixins.server_mixin,
+                fakeredis._socket._base,
+                fakeredis._helpers,
+            )
+            self._patches += [
+                mock.patch.object(m, "time", self.server_clock) for m in server_modules
+            ]
+        for patch in self._patches:
             patch.start()
-        self.namespace = f"t-replicas-{uuid.uuid4().hex[:12]}"
-        self.real_client = real_client
-        if real_client is None:
+        if self.fake:
             server = fakeredis.FakeServer()
             clients: list[Any] = [fakeredis.FakeRedis(server=server) for _ in REPLICAS]
         else:
-            clients = [real_client] * len(REPLICAS)
+            # A client of its own per example: the stores keep the connections they take, and
+            # closing the client in teardown closes them.
+            clients = [backends.connect()] * len(REPLICAS)
+        self.client = clients[0]
         self.stores = {
-            replica: RequestStore(client, namespace=self.namespace, lease_ttl=LEASE_TTL)
+            replica: OnReplica(
+                RequestStore(client, namespace=self.namespace, lease_ttl=self.ttl),
+                self.client_clock,
+                replica,
+            )
             for replica, client in zip(REPLICAS, clients, strict=True)
         }
+        self.keys = self.stores["A"].keys
+        if self.fake:  # the server's TIME is the machine's clock
+            assert self.client.time() == divmod(START_US, 1_000_000)
         self.requests: dict[str, RequestModel] = {}
-        self.deadlines: dict[tuple[str, str], float] = {}  # the recovery index
+        self.index: dict[str, Span] = {}  # the recovery index: "<rid> <partition>" -> when
+        self.finished_index: dict[str, Span] = {}
         self.completed_passes: set[tuple[str, str, int]] = set()
         self.reports: list[Report] = []
         self.advances: list[Advance] = []
+        self.steps: list[tuple[Lease, Step, float | None]] = []
         self.leases: list[Lease] = []
         self.merges: list[tuple[str, str, Mapping[str, PublishedInfo], str]] = []
         self.token_adds: list[tuple[str, str, int, str]] = []
         self._op_ids = itertools.count()
 
     def teardown(self) -> None:
-        for patch in self._clock_patches:
-            patch.stop()
-        if self.real_client is not None:
-            delete_namespace(self.real_client, self.namespace)
+        try:
+            if not self.fake:
+                try:
+                    delete_namespace(self.client, self.namespace)
+                finally:
+                    self.client.close()
+        finally:
+            for patch in reversed(self._patches):
+                patch.stop()
+
+    # -- time -----------------------------------------------------------------------------
+
+    def server_now(self) -> float:
+        if self.fake:
+            return self.server_clock.now()
+        seconds, micros = self.client.time()
+        return seconds + micros / 1_000_000  # as the scripts' now() computes it
+
+    def timed(self, call: Callable[[], Any]) -> tuple[Result, Span]:
+        """Run a store call; its result and the server's time around it."""
+        lo = self.server_now()
+        try:
+            result = Result(call())
+        except StoreError as e:
+            result = Result(error=e)
+        return result, Span(lo, self.server_now())
+
+    def client_timed(self, via: str, call: Callable[[], Any]) -> tuple[Result, Span, Span]:
+        """``timed``, and ``via``'s client clock around the call."""
+        lo = time.time() + CLIENT_SKEW[via]
+        result, t = self.timed(call)
+        return result, t, Span(lo, time.time() + CLIENT_SKEW[via])
+
+    def live(self, expires: Span, t: Span) -> bool:
+        return later(expires, t)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -269,20 +491,59 @@ class ReplicaMachine(RuleBasedStateMachine):
     def pick_partition(self, data: st.DataObject, rid: str) -> str:
         return data.draw(st.sampled_from(sorted(self.requests[rid].partitions)), label="partition")
 
-    def grant(self, model: RequestModel, partition: str, holder: str, fwd_pass: int) -> Lease:
+    def draw_check_in(self, data: st.DataObject) -> float | None:
+        return data.draw(st.sampled_from([None, 0.0, self.ttl / 2]), label="check_in")
+
+    def grant(
+        self, model: RequestModel, partition: str, holder: str, fwd_pass: int, t: Span
+    ) -> None:
         model.fencing_token += 1
-        lease = Lease(
-            model.record.request_id,
-            partition,
-            holder,
-            model.fencing_token,
-            fwd_pass,
-            self.clock.now + LEASE_TTL,
+        expires = t + self.ttl
+        model.tokens[partition] = model.fencing_token
+        model.held[partition] = Held(holder, model.fencing_token, fwd_pass, expires)
+        model.checks[partition] = expires
+
+    def end_lease(
+        self, model: RequestModel, partition: str, t: Span, check_in: float | None
+    ) -> None:
+        model.held.pop(partition, None)
+        if check_in is None:
+            model.checks.pop(partition, None)
+        else:
+            model.checks[partition] = t + check_in
+
+    def step_hint(self, rid: str, partition: str, t: Span, check_in: float | None) -> None:
+        """The hint a step or release sends alongside its script, whatever the script says."""
+        member = f"{rid} {partition}"
+        if check_in is None:
+            self.index.pop(member, None)
+        else:
+            self.index[member] = t + min(check_in, self.ttl)
+
+    def check_lease(self, actual: Lease, rid: str, partition: str, *, reply: bool) -> None:
+        """``actual`` is the lease held on ``partition`` (as a reply carries it, or stored)."""
+        model = self.requests[rid]
+        held = model.held[partition]
+        expected = (rid, partition, held.holder, held.token, held.pass_number)
+        got = (actual.request_id, actual.partition, actual.holder, actual.token)
+        assert (*got, actual.pass_number) == expected
+        expires = held.expires.map(replied) if reply else held.expires
+        assert expires.holds(actual.expires_at, self.slack), (actual.expires_at, expires)
+        assert actual.sends == model.sends.get(partition, 0)
+        sent = model.sent.get(partition)
+        if sent is None:
+            assert actual.sent_at == 0.0
+        else:
+            assert sent.holds(actual.sent_at, self.slack), (actual.sent_at, sent)
+
+    def lease_for(self, rid: str, partition: str) -> Lease:
+        """The lease object of the lease held on ``partition`` (as its holder has it)."""
+        held = self.requests[rid].held[partition]
+        return next(
+            lease
+            for lease in reversed(self.leases)
+            if (lease.request_id, lease.partition, lease.token) == (rid, partition, held.token)
         )
-        model.lease_tokens[partition] = lease.token
-        model.held[partition] = lease
-        self.deadlines[(lease.request_id, partition)] = lease.expires_at
-        return lease
 
     def lease_state(self, lease: Lease) -> str:
         model = self.requests[lease.request_id]
@@ -328,7 +589,16 @@ class ReplicaMachine(RuleBasedStateMachine):
 
     # -- create ---------------------------------------------------------------------------
 
-    def create(self, shape: str, seed: int, max_tokens: int, replica: str) -> None:
+    def create_hints(self, model: RequestModel, t: Span) -> None:
+        """A create with ``check_in`` sends its hints first, whatever the create then finds."""
+        check_in = model.create_kwargs["check_in"]
+        if check_in is not None:
+            for name in model.partitions:
+                self.index[f"{model.record.request_id} {name}"] = t + min(check_in, self.ttl)
+
+    def create(
+        self, shape: str, seed: int, max_tokens: int, replica: str, check_in: float | None
+    ) -> None:
         rid = f"r{len(self.requests)}"
         names = SHAPES[shape]["partitions"]
         partitions = {
@@ -356,8 +626,13 @@ class ReplicaMachine(RuleBasedStateMachine):
             "resource_configs": {"sampling": SamplingReqConfig(seed=seed)},
             "partition_definitions": definitions,
             "op_id": f"create-{rid}",
+            "check_in": check_in,
         }
-        self.stores[replica].create_request(rid, **copy.deepcopy(kwargs))
+        store = self.stores[replica]
+        result, t, created = self.client_timed(
+            replica, lambda: store.create_request(rid, **copy.deepcopy(kwargs))
+        )
+        result.ok()
         record = RequestRecord(
             request_id=rid,
             max_output_tokens=max_tokens,
@@ -366,19 +641,24 @@ class ReplicaMachine(RuleBasedStateMachine):
             connections=list(connections),
             partition_definitions=copy.deepcopy(definitions),
             resource_configs={"sampling": SamplingReqConfig(seed=seed)},
-            created_at=self.clock.now,
         )
-        self.requests[rid] = RequestModel(
+        model = RequestModel(
             create_kwargs=kwargs,
             record=record,
+            created_at=created,
             partitions=copy.deepcopy(partitions),
             connections=copy.deepcopy(connections),
             reported={name: set() for name in names},
         )
+        self.requests[rid] = model
+        self.create_hints(model, t)
+        if check_in is not None:
+            for name in names:
+                model.checks[name] = t + check_in
 
     @initialize(seed=st.integers(0, 1000), replica=st.sampled_from(REPLICAS))
     def first_request(self, seed: int, replica: str) -> None:
-        self.create("pipeline", seed, 64, replica)
+        self.create("pipeline", seed, 64, replica, None)
 
     @precondition(lambda self: len(self.requests) < MAX_REQUESTS)
     @rule(
@@ -386,33 +666,42 @@ class ReplicaMachine(RuleBasedStateMachine):
         seed=st.integers(0, 1000),
         max_tokens=st.integers(1, 64),
         replica=st.sampled_from(REPLICAS),
+        check_in=st.sampled_from([None, None, 0.0, 1.0]),
     )
-    def create_request(self, shape: str, seed: int, max_tokens: int, replica: str) -> None:
-        self.create(shape, seed, max_tokens, replica)
+    def create_request(
+        self, shape: str, seed: int, max_tokens: int, replica: str, check_in: float | None
+    ) -> None:
+        self.create(shape, seed, max_tokens, replica, check_in)
 
     @rule(data=st.data(), replica=st.sampled_from(REPLICAS), same_op=st.booleans())
     def create_again(self, data: st.DataObject, replica: str, same_op: bool) -> None:
         """A resent create (same op id) succeeds and changes nothing; another is refused."""
         rid = self.pick_request(data)
-        kwargs = copy.deepcopy(self.requests[rid].create_kwargs)
-        if same_op:
-            self.stores[replica].create_request(rid, **kwargs)
-        else:
+        model = self.requests[rid]
+        kwargs = copy.deepcopy(model.create_kwargs)
+        if not same_op:
             kwargs["op_id"] = self.fresh_op()
-            _raises(RequestExistsError, lambda: self.stores[replica].create_request(rid, **kwargs))
+        store = self.stores[replica]
+        result, t = self.timed(lambda: store.create_request(rid, **kwargs))
+        self.create_hints(model, t)
+        if same_op:
+            result.ok()
+        else:
+            result.failed(RequestExistsError)
 
     # -- reports --------------------------------------------------------------------------
 
     def deliver(self, report: Report, via: str, named: bool) -> None:
         """Apply ``report`` through replica ``via`` and check the outcome against the model."""
-        model = self.requests[report.request_id]
-        part = model.partitions[report.partition]
+        rid, name = report.request_id, report.partition
+        model = self.requests[rid]
+        part = model.partitions[name]
         holder = via if named else None
-
-        def call() -> ReportOutcome:
-            return self.stores[via].record_worker_report(
-                report.request_id,
-                report.partition,
+        store = self.stores[via]
+        result, t = self.timed(
+            lambda: store.record_worker_report(
+                rid,
+                name,
                 fwd_pass=report.fwd_pass,
                 worker_graph_id=report.worker_graph_id,
                 rank=report.rank,
@@ -422,28 +711,48 @@ class ReplicaMachine(RuleBasedStateMachine):
                 consumed=dict(report.consumed),
                 replica_id=holder,
             )
-
+        )
         if report.fwd_pass != part.fwd_pass_number:
-            stale = _raises(StalePassError, call)
+            stale = result.failed(StalePassError)
             assert (stale.expected, stale.current) == (report.fwd_pass, part.fwd_pass_number)
             return
         if report.worker_graph_id not in part.current_worker_graph_ids:
-            _raises(UnknownWorkerGraphError, call)
+            result.failed(UnknownWorkerGraphError)
             return
+        outcome = result.ok()
         self.reports.append(report)
         wg, slot = report.worker_graph_id, (report.worker_graph_id, report.rank)
-        if slot in model.reported[report.partition]:
-            count = part.wg_rank_completions.get(wg, 0)
-            assert call() == ReportOutcome(False, count, False, False, None)
+        if slot in model.reported[name]:
+            # A duplicate changes nothing and says what the first delivery did: whether it
+            # completed the pass, and the lease if this replica still holds it live.
+            completed = model.completer.get(name) == slot
+            held = model.held.get(name)
+            gets_lease = (
+                completed
+                and held is not None
+                and held.holder == holder
+                and held.pass_number == report.fwd_pass
+                and self.live(held.expires, t)
+            )
+            assert not outcome.applied
+            assert outcome.rank_completions == part.wg_rank_completions.get(wg, 0)
+            assert outcome.worker_graph_complete == completed
+            assert outcome.pass_complete == completed
+            assert outcome.stepped_to is None
+            event(
+                f"report: duplicate{' of the completer' if completed else ''}"
+                f"{' with its lease' if gets_lease else ''}"
+            )
+            self.check_outcome_lease(outcome, rid, name, gets_lease)
             return
-        model.reported[report.partition].add(slot)
+        model.reported[name].add(slot)
         count = part.wg_rank_completions.get(wg, 0) + 1
         part.wg_rank_completions[wg] = count
         wg_complete = count == report.num_ranks
         if wg_complete:
             part.completed_worker_graph_ids.add(wg)
         part.num_output_tokens += report.new_tokens
-        for c in model.outgoing(report.partition):
+        for c in model.outgoing(name):
             model.connections[c].token_count += report.new_tokens
         for c, consumed in report.consumed:
             conn = model.connections[c]
@@ -452,15 +761,31 @@ class ReplicaMachine(RuleBasedStateMachine):
         pass_complete = wg_complete and (
             part.current_worker_graph_ids <= part.completed_worker_graph_ids
         )
-        lease = None
         if pass_complete:
-            key = (report.request_id, report.partition, report.fwd_pass)
+            key = (rid, name, report.fwd_pass)
             assert key not in self.completed_passes, "a pass completed twice"
             self.completed_passes.add(key)
+            model.completer[name] = slot
+            event("report: completed a pass")
             if holder is not None:
-                lease = self.grant(model, report.partition, holder, report.fwd_pass)
-                self.leases.append(lease)
-        assert call() == ReportOutcome(True, count, wg_complete, pass_complete, lease)
+                self.grant(model, name, holder, report.fwd_pass, t)
+        assert outcome.applied
+        assert outcome.rank_completions == count
+        assert outcome.worker_graph_complete == wg_complete
+        assert outcome.pass_complete == pass_complete
+        assert outcome.stepped_to is None
+        self.check_outcome_lease(outcome, rid, name, pass_complete and holder is not None)
+
+    def check_outcome_lease(self, outcome: Any, rid: str, name: str, expected: bool) -> None:
+        if not expected:
+            assert outcome.lease is None
+            assert outcome.partition is None
+            return
+        assert outcome.lease is not None
+        self.check_lease(outcome.lease, rid, name, reply=True)
+        # The partition as stored right after the report, publish info included.
+        assert outcome.partition == self.requests[rid].partitions[name]
+        self.leases.append(outcome.lease)
 
     @rule(
         data=st.data(),
@@ -494,14 +819,39 @@ class ReplicaMachine(RuleBasedStateMachine):
 
     # -- advance --------------------------------------------------------------------------
 
+    def apply_advance(
+        self,
+        model: RequestModel,
+        name: str,
+        metadata: CurrentForwardConductorMetadata,
+        worker_graph_ids: tuple[str, ...],
+        done: bool,
+    ) -> int:
+        part = model.partitions[name]
+        model.reported[name] = set()
+        model.completer.pop(name, None)
+        part.metadata = copy.deepcopy(metadata)
+        part.current_worker_graph_ids = set(worker_graph_ids)
+        part.completed_worker_graph_ids = set()
+        part.wg_rank_completions = {}
+        part.curr_forward_outputs = []
+        part.fwd_pass_number += 1
+        part.random_seed += 1
+        if done:
+            part.is_done = True
+            for c in model.outgoing(name):
+                model.connections[c].producer_done = True
+        return part.fwd_pass_number
+
     def advance(self, call: Advance, via: str) -> None:
         model = self.requests[call.request_id]
-        part = model.partitions[call.partition]
-
-        def send() -> int:
-            return self.stores[via].advance_partition(
+        name = call.partition
+        part = model.partitions[name]
+        store = self.stores[via]
+        result, t = self.timed(
+            lambda: store.advance_partition(
                 call.request_id,
-                call.partition,
+                name,
                 from_pass=call.from_pass,
                 metadata=call.metadata,
                 worker_graph_ids=call.worker_graph_ids,
@@ -509,45 +859,47 @@ class ReplicaMachine(RuleBasedStateMachine):
                 op_id=call.op_id,
                 fence=call.fence,
             )
-
-        if call.fence is not None and model.superseded(call.fence):
-            fenced = _raises(FencedError, send)
-            assert fenced.current == model.lease_tokens[call.partition]
-            return
+        )
+        if call.fence is not None:
+            if model.superseded(call.fence):
+                result.fenced(call.fence.token, model.tokens.get(name, 0))
+                return
+        else:  # unfenced: refused while any replica holds a live lease on the partition
+            held = model.held.get(name)
+            if held is not None and self.live(held.expires, t):
+                result.fenced(0, held.token, name)
+                return
         if f"advance:{call.op_id}" in model.ops:
-            assert send() == call.from_pass + 1
+            assert result.ok() == call.from_pass + 1
             return
         if call.from_pass != part.fwd_pass_number:
-            stale = _raises(StalePassError, send)
+            stale = result.failed(StalePassError)
             assert (stale.expected, stale.current) == (call.from_pass, part.fwd_pass_number)
             return
         model.ops.add(f"advance:{call.op_id}")
-        model.reported[call.partition] = set()
-        part.metadata = copy.deepcopy(call.metadata)
-        part.current_worker_graph_ids = set(call.worker_graph_ids)
-        part.completed_worker_graph_ids = set()
-        part.wg_rank_completions = {}
-        part.curr_forward_outputs = []
-        part.fwd_pass_number += 1
-        part.random_seed += 1
-        if call.done:
-            part.is_done = True
-            for c in model.outgoing(call.partition):
-                model.connections[c].producer_done = True
+        new_pass = self.apply_advance(model, name, call.metadata, call.worker_graph_ids, call.done)
         self.advances.append(call)
-        assert send() == part.fwd_pass_number
+        assert result.ok() == new_pass
+
+    def draw_step(self, data: st.DataObject, name: str) -> Step:
+        wgs = data.draw(st.sets(st.sampled_from(sorted(WORKER_GRAPHS[name])), max_size=2))
+        return Step(
+            data.draw(metadatas, label="metadata"),
+            tuple(sorted(wgs)),
+            data.draw(st.sampled_from([False, False, False, True]), label="done"),
+        )
 
     def draw_advance(
         self, data: st.DataObject, rid: str, name: str, from_pass: int, fence: Lease | None
     ) -> Advance:
-        wgs = data.draw(st.sets(st.sampled_from(sorted(WORKER_GRAPHS[name])), max_size=2))
+        step = self.draw_step(data, name)
         return Advance(
             rid,
             name,
             from_pass,
-            data.draw(metadatas, label="metadata"),
-            tuple(sorted(wgs)),
-            data.draw(st.sampled_from([False, False, False, True]), label="done"),
+            step.metadata,
+            step.worker_graph_ids,
+            step.done,
             self.fresh_op(),
             fence,
         )
@@ -570,7 +922,8 @@ class ReplicaMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), replicas=st.permutations(REPLICAS))
     def race_advance(self, data: st.DataObject, replicas: list[str]) -> None:
-        """Two replicas advance from the same pass: the second finds it stale."""
+        """Two replicas advance from the same pass, unfenced: the second finds it stale (and
+        both are refused while a replica holds a live lease on the partition)."""
         rid = self.pick_request(data)
         name = self.pick_partition(data, rid)
         current = self.requests[rid].partitions[name].fwd_pass_number
@@ -587,71 +940,149 @@ class ReplicaMachine(RuleBasedStateMachine):
 
     # -- leases ---------------------------------------------------------------------------
 
-    @rule(seconds=st.sampled_from([1.0, 4.0, LEASE_TTL, LEASE_TTL + 1.0]))
+    @precondition(lambda self: self.fake)
+    @rule(seconds=st.sampled_from([1.0, 4.0, FAKE_TTL, FAKE_TTL + 1.0]))
     def let_time_pass(self, seconds: float) -> None:
-        self.clock.now += seconds
+        self.server_clock.us += round(seconds * 1_000_000)
+
+    def claim(self, rid: str, name: str, via: str) -> Lease | None:
+        """``via`` claims the partition's step; checks the answer against the model."""
+        model = self.requests[rid]
+        member = f"{rid} {name}"
+        store = self.stores[via]
+        result, t = self.timed(lambda: store.claim_step(rid, name, via))
+        lease: Lease | None = result.ok()
+        if model.finished_at is not None:
+            assert lease is None  # a finished request's steps are never claimed
+            event("claim: request finished")
+            self.index.pop(member, None)
+            return None
+        held = model.held.get(name)
+        if held is not None and self.live(held.expires, t):
+            if held.holder != via:  # look again when the holder's lease lapses
+                assert lease is None
+                event("claim: held by another")
+                delta = (held.expires.map(replied) - t.map(replied)).map(lambda x: max(0.0, x))
+                self.index[member] = t + delta
+                return None
+            # The holder's re-claim (its reply was lost): its own lease back.
+            assert lease is not None
+            event("claim: the holder's own lease back")
+            self.check_lease(lease, rid, name, reply=True)
+            self.index[member] = t + self.ttl
+            self.leases.append(lease)
+            return lease
+        check = model.checks.get(name)
+        if check is not None and self.live(check, t):  # not due yet
+            assert lease is None
+            event("claim: not due")
+            delta = (check - t.map(replied)).map(lambda x: max(0.0, x))
+            self.index[member] = t + delta
+            return None
+        previous = model.fencing_token
+        event("claim: granted" + (" (took over a lapsed lease)" if held else ""))
+        self.grant(model, name, via, model.partitions[name].fwd_pass_number, t)
+        assert lease is not None
+        assert lease.token > previous
+        self.check_lease(lease, rid, name, reply=True)
+        self.index[member] = t + self.ttl
+        self.leases.append(lease)
+        return lease
 
     @rule(data=st.data(), via=st.sampled_from(REPLICAS))
     def claim_step(self, data: st.DataObject, via: str) -> None:
-        """None while a live lease covers the partition, else a new lease with a higher token."""
+        """None while another replica's live lease covers the partition, before its check
+        time, or once the request finished; the holder's own lease for the holder; else a new
+        lease with a higher token."""
         rid = self.pick_request(data)
-        name = self.pick_partition(data, rid)
-        model = self.requests[rid]
-        lease = self.stores[via].claim_step(rid, name, via)
-        held = model.held.get(name)
-        if held is not None and held.expires_at > self.clock.now:
-            assert lease is None
-            return
-        previous = model.fencing_token
-        expected = self.grant(model, name, via, model.partitions[name].fwd_pass_number)
-        assert lease == expected
-        assert lease.token > previous
-        self.leases.append(lease)
+        self.claim(rid, self.pick_partition(data, rid), via)
 
-    @precondition(lambda self: any(m.held for m in self.requests.values()))
+    @precondition(lambda self: self.fake and any(m.held for m in self.requests.values()))
     @rule(data=st.data(), via=st.sampled_from(REPLICAS))
     def take_over(self, data: st.DataObject, via: str) -> None:
         """A lease's holder goes quiet past its expiry and ``via`` claims the step."""
         rid = data.draw(st.sampled_from(sorted(r for r, m in self.requests.items() if m.held)))
         model = self.requests[rid]
         name = data.draw(st.sampled_from(sorted(model.held)), label="partition")
-        self.clock.now = max(self.clock.now, model.held[name].expires_at)
-        expected = self.grant(model, name, via, model.partitions[name].fwd_pass_number)
-        assert self.stores[via].claim_step(rid, name, via) == expected
-        self.leases.append(expected)
+        self.server_clock.move_to(model.held[name].expires.hi)
+        previous = model.fencing_token
+        lease = self.claim(rid, name, via)
+        if model.finished_at is None:  # (a report may grant a lease on a finished request)
+            assert lease is not None and lease.token == previous + 1
 
-    def release(self, lease: Lease, check_at: float | None) -> None:
+    def release(self, lease: Lease, check_in: float | None, sent: bool) -> None:
         model = self.requests[lease.request_id]
+        name = lease.partition
         store = self.stores[lease.holder]
+        result, t = self.timed(lambda: store.release_lease(lease, check_in=check_in, sent=sent))
+        self.step_hint(lease.request_id, name, t, check_in)
         if model.superseded(lease):
-            _raises(FencedError, lambda: store.release_lease(lease, check_at=check_at))
+            result.fenced(lease.token, model.tokens.get(name, 0))
             return
-        store.release_lease(lease, check_at=check_at)
-        model.held.pop(lease.partition, None)
-        key = (lease.request_id, lease.partition)
-        if check_at is None:
-            self.deadlines.pop(key, None)
-        else:
-            self.deadlines[key] = check_at
+        result.ok()
+        if sent:
+            model.sends[name] = model.sends.get(name, 0) + 1
+            model.sent[name] = t
+        self.end_lease(model, name, t, check_in)
+
+    def take_step(self, lease: Lease, step: Step, check_in: float | None) -> None:
+        rid, name = lease.request_id, lease.partition
+        model = self.requests[rid]
+        store = self.stores[lease.holder]
+        result, t = self.timed(lambda: store.take_step(lease, step, check_in=check_in))
+        self.step_hint(rid, name, t, check_in)
+        current = model.partitions[name].fwd_pass_number
+        if model.stepped.get(name) == f"{lease.pass_number}:{lease.token}":
+            assert result.ok() == current  # a resent step, recognised even if superseded
+            event("step: resend recognised" + (" (superseded)" if model.superseded(lease) else ""))
+            return
+        if model.superseded(lease):
+            result.fenced(lease.token, model.tokens.get(name, 0))
+            return
+        if current != lease.pass_number:
+            stale = result.failed(StalePassError)
+            assert (stale.expected, stale.current) == (lease.pass_number, current)
+            return
+        new_pass = self.apply_advance(model, name, step.metadata, step.worker_graph_ids, step.done)
+        model.stepped[name] = f"{lease.pass_number}:{lease.token}"
+        model.sends[name] = 1
+        model.sent[name] = t
+        self.end_lease(model, name, t, check_in)
+        self.steps.append((lease, step, check_in))
+        event("step: taken")
+        assert result.ok() == new_pass
 
     @precondition(lambda self: any(m.held for m in self.requests.values()))
-    @rule(data=st.data(), finished=st.booleans())
-    def drive_step(self, data: st.DataObject, finished: bool) -> None:
-        """A lease's holder does its step: advance if the pass the lease is about is still
-        current, then record the step as sent (check again later, or never: finished)."""
+    @rule(data=st.data(), how=st.sampled_from(["take_step", "advance_then_release"]))
+    def drive_step(self, data: st.DataObject, how: str) -> None:
+        """A lease's holder does its step: if the pass the lease is about is still current,
+        take the step (``take_step``, or an advance fenced with the lease and then a release),
+        else send the pass again; recovery looks again later, or never."""
         rid = data.draw(st.sampled_from(sorted(r for r, m in self.requests.items() if m.held)))
         model = self.requests[rid]
-        lease = model.held[data.draw(st.sampled_from(sorted(model.held)), label="partition")]
-        if model.partitions[lease.partition].fwd_pass_number == lease.pass_number:
+        lease = self.lease_for(rid, data.draw(st.sampled_from(sorted(model.held)), label="p"))
+        check_in = self.draw_check_in(data)
+        if model.partitions[lease.partition].fwd_pass_number != lease.pass_number:
+            self.release(lease, check_in, sent=True)
+        elif how == "take_step":
+            self.take_step(lease, self.draw_step(data, lease.partition), check_in)
+        else:
             call = self.draw_advance(data, rid, lease.partition, lease.pass_number, lease)
             self.advance(call, lease.holder)
-        self.release(lease, None if finished else self.clock.now + 5.0)
+            self.release(lease, check_in, sent=True)
+
+    @precondition(lambda self: bool(self.steps))
+    @rule(data=st.data())
+    def resend_step(self, data: st.DataObject) -> None:
+        """A step taken before, sent again (its reply was lost): it says the pass it is at
+        and changes nothing, even after newer leases."""
+        self.take_step(*data.draw(st.sampled_from(self.steps), label="step"))
 
     @precondition(lambda self: bool(self.leases))
     @rule(
         data=st.data(),
         pool=st.sampled_from(["superseded", "held", "released"]),
-        action=st.sampled_from(["advance", "final_output", "release", "renew"]),
+        action=st.sampled_from(["advance", "step", "final_output", "release", "renew", "finish"]),
     )
     def write_with_lease(self, data: st.DataObject, pool: str, action: str) -> None:
         """A write fenced with a lease granted earlier: refused, changing nothing, once the
@@ -660,35 +1091,97 @@ class ReplicaMachine(RuleBasedStateMachine):
         lease = data.draw(st.sampled_from(candidates or self.leases), label="lease")
         rid, name, via = lease.request_id, lease.partition, lease.holder
         model = self.requests[rid]
-        store = self.stores[via]
         if action == "advance":
             current = model.partitions[name].fwd_pass_number
             self.advance(self.draw_advance(data, rid, name, current, lease), via)
-            return
-        superseded = model.superseded(lease)
-        if action == "final_output":
-            output = data.draw(st.sampled_from(["text", "audio"]), label="output")
-            value = data.draw(st.integers(0, 100) | st.lists(st.integers(0, 9), max_size=2))
-            if superseded:
-                _raises(
-                    FencedError, lambda: store.set_final_output(rid, output, value, fence=lease)
-                )
-            else:
-                store.set_final_output(rid, output, value, fence=lease)
-                model.record.final_outputs[output] = value
+        elif action == "step":
+            self.take_step(lease, self.draw_step(data, name), self.draw_check_in(data))
+        elif action == "final_output":
+            self.final_output(data, rid, via, lease)
         elif action == "release":
-            self.release(lease, data.draw(st.sampled_from([None, self.clock.now + 5.0])))
+            self.release(lease, self.draw_check_in(data), data.draw(st.booleans(), label="sent"))
+        elif action == "finish" and rid != KEPT:
+            self.finish(rid, via, lease)
         else:
-            ttl = data.draw(st.sampled_from([None, 3.0]), label="ttl")
-            if superseded or name not in model.held:  # a released lease cannot be renewed
-                _raises(FencedError, lambda: store.renew_lease(lease, ttl))
-                return
-            renewed = store.renew_lease(lease, ttl)
-            expires = self.clock.now + (ttl or LEASE_TTL)
-            assert renewed == replace(lease, expires_at=expires)
-            model.held[name] = replace(model.held[name], expires_at=expires)
-            self.deadlines[(rid, name)] = expires
-            self.leases.append(renewed)
+            self.renew(lease, data.draw(st.sampled_from([None, self.ttl * 0.3]), label="ttl"))
+
+    def renew(self, lease: Lease, ttl: float | None) -> None:
+        model = self.requests[lease.request_id]
+        name = lease.partition
+        store = self.stores[lease.holder]
+        result, t = self.timed(lambda: store.renew_lease(lease, ttl))
+        if model.superseded(lease):
+            result.fenced(lease.token, model.tokens.get(name, 0))
+            return
+        if name not in model.held:  # a released lease cannot be renewed
+            result.fenced(lease.token, lease.token)
+            return
+        renewed: Lease = result.ok()
+        expires = t + (ttl or self.ttl)
+        model.held[name].expires = expires
+        model.checks[name] = expires
+        assert replace(renewed, expires_at=lease.expires_at) == lease
+        assert expires.map(replied).holds(renewed.expires_at, self.slack)
+        self.leases.append(renewed)
+        event("renewed")
+
+    def refused_unfenced(self, model: RequestModel, result: Result, t: Span) -> bool:
+        """An unfenced request-level write is refused while any partition's lease is live."""
+        live = {n: h for n, h in model.held.items() if self.live(h.expires, t)}
+        if not live:
+            return False
+        error = result.failed(FencedError)
+        assert error.token == 0
+        assert error.partition in live
+        assert error.current == live[error.partition].token
+        return True
+
+    def final_output(self, data: st.DataObject, rid: str, via: str, fence: Lease | None) -> None:
+        model = self.requests[rid]
+        output = data.draw(st.sampled_from(["text", "audio"]), label="output")
+        value = data.draw(st.integers(0, 100) | st.lists(st.integers(0, 9), max_size=2))
+        store = self.stores[via]
+        result, t = self.timed(lambda: store.set_final_output(rid, output, value, fence=fence))
+        if fence is not None and model.superseded(fence):
+            result.fenced(fence.token, model.tokens.get(fence.partition, 0))
+            return
+        if fence is None and self.refused_unfenced(model, result, t):
+            return
+        result.ok()
+        model.record.final_outputs[output] = value
+
+    @rule(data=st.data(), via=st.sampled_from(REPLICAS))
+    def unfenced_final_output(self, data: st.DataObject, via: str) -> None:
+        """A request-level write without a lease: refused while any replica drives a step."""
+        self.final_output(data, self.pick_request(data), via, None)
+
+    def finish(self, rid: str, via: str, fence: Lease | None) -> None:
+        model = self.requests[rid]
+        store = self.stores[via]
+        result, t, finished = self.client_timed(
+            via, lambda: store.finish_request(rid, fence=fence, keep_for=KEEP_FOR)
+        )
+        # Its hints go alongside, whatever the script finds.
+        for name in model.partitions:
+            self.index.pop(f"{rid} {name}", None)
+        self.finished_index[rid] = t + KEEP_FOR
+        if fence is not None and model.superseded(fence):
+            result.fenced(fence.token, model.tokens.get(fence.partition, 0))
+            return
+        if fence is None and self.refused_unfenced(model, result, t):
+            return
+        result.ok()
+        model.finished_at = finished
+        event("finished")
+        model.held.clear()  # no partition is driven any more; the tokens stay
+        model.checks.clear()
+
+    @rule(data=st.data(), via=st.sampled_from(REPLICAS))
+    def finish_request(self, data: st.DataObject, via: str) -> None:
+        """The request is done, kept for inspection (refused while a replica drives a step)."""
+        rid = self.pick_request(data)
+        if rid != KEPT:
+            self.finish(rid, via, None)
 
     # -- published info, token counts -----------------------------------------------------
 
@@ -751,21 +1244,97 @@ class ReplicaMachine(RuleBasedStateMachine):
 
     # -- the invariant --------------------------------------------------------------------
 
+    def settle(self, span: Span, actual: float, what: str) -> Span:
+        """``actual`` must lie in ``span``; from now on the model knows it exactly."""
+        assert span.holds(actual, self.slack), f"{what}: {actual!r} outside {span}"
+        return Span.at(actual)
+
+    def scores(self, key: str) -> dict[str, float]:
+        return {m.decode(): s for m, s in self.client.zrange(key, 0, -1, withscores=True)}
+
     @invariant()
     def store_equals_model(self) -> None:
         for rid, model in self.requests.items():
             state = self.stores["C"].load_request(rid)
             assert state.partitions == model.partitions
             assert state.connections == model.connections
-            assert state.record == model.record
-            assert self.stores["B"].leases(rid) == model.held
-        due = sorted(
-            (at, f"{rid} {name}")
-            for (rid, name), at in self.deadlines.items()
-            if at <= self.clock.now
-        )
-        expected_due = [tuple(member.split(" ")) for _, member in due]
-        assert self.stores["A"].due_steps(now=self.clock.now) == expected_due
+            record = state.record
+            model.created_at = self.settle(model.created_at, record.created_at, "created_at")
+            if model.finished_at is None:
+                assert record.finished_at == 0.0
+            else:
+                model.finished_at = self.settle(
+                    model.finished_at, record.finished_at, "finished_at"
+                )
+            expected = replace(
+                model.record, created_at=record.created_at, finished_at=record.finished_at
+            )
+            assert record == expected
+            self.check_lease_hash(rid, model)
+            leases = self.stores["B"].leases(rid)
+            assert sorted(leases) == sorted(model.held)
+            for name, lease in leases.items():
+                self.check_lease(lease, rid, name, reply=False)
+        self.check_indexes()
+
+    def check_lease_hash(self, rid: str, model: RequestModel) -> None:
+        """The lease hash, field by field (the checks and bookkeeping ``leases`` omits)."""
+        raw = {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.lease(rid)).items()}
+        names = sorted(model.partitions)
+        assert raw.pop("token", "0") == str(model.fencing_token)
+        for name in names:
+            assert raw.pop(f"token[{name}]", None) == (
+                str(model.tokens[name]) if name in model.tokens else None
+            )
+            assert raw.pop(f"stepped[{name}]", None) == model.stepped.get(name)
+            sends = raw.pop(f"sends[{name}]", None)
+            assert int(sends or 0) == model.sends.get(name, 0)
+            for what, spans in (("check", model.checks), ("sent", model.sent)):
+                value = raw.pop(f"{what}[{name}]", None)
+                assert (value is None) == (name not in spans), (what, name, value)
+                if value is not None:
+                    spans[name] = self.settle(spans[name], float(value), f"{what}[{name}]")
+            held = model.held.get(name)
+            value = raw.pop(f"expires[{name}]", None)
+            assert (value is None) == (held is None)
+            if held is not None:
+                assert value is not None
+                held.expires = self.settle(held.expires, float(value), f"expires[{name}]")
+                assert raw.pop(f"holder[{name}]") == held.holder
+                assert raw.pop(f"pass[{name}]") == str(held.pass_number)
+            raw.pop(f"stepped_by[{name}]", None)  # only a report that steps writes it
+        assert not raw, f"lease hash fields the model does not know: {raw}"
+
+    def check_indexes(self) -> None:
+        index = self.scores(self.keys.deadlines)
+        assert sorted(index) == sorted(self.index)
+        for member, score in index.items():
+            self.index[member] = self.settle(self.index[member], score, f"hint {member}")
+        finished = self.scores(self.keys.finished)
+        assert sorted(finished) == sorted(self.finished_index)
+        for rid, score in finished.items():
+            self.finished_index[rid] = self.settle(self.finished_index[rid], score, rid)
+        requests = self.scores(self.keys.index)
+        assert requests == {rid: m.created_at.lo for rid, m in self.requests.items()}
+        # What recovery is told to look at: by the server's clock, oldest first.
+        result, t = self.timed(lambda: self.stores["A"].due_steps())
+        order = sorted(index.items(), key=lambda item: (item[1], item[0].encode()))
+        surely = [m for m, s in order if s <= t.lo]
+        maybe = [m for m, s in order if s <= t.hi]
+        due = [f"{rid} {name}" for rid, name in result.ok()]
+        assert due[: len(surely)] == surely and due == maybe[: len(due)]
+        if self.check_hint_bound:
+            self.hint_bound()
+
+    def hint_bound(self) -> None:
+        """The recovery index is a hint never later than the check time in the lease hash
+        (see store/ops/leases.py): a driver that dies is looked at once its step is due.
+        Off by default: see the module docstring for the paths that break it today."""
+        for rid, model in self.requests.items():
+            for name, check in model.checks.items():
+                hint = self.index.get(f"{rid} {name}")
+                assert hint is not None, f"{rid} {name} has a check time and no hint"
+                assert hint.lo <= check.hi + self.slack, (rid, name, hint, check)
 
 
 @pytest.mark.fake
@@ -775,9 +1344,9 @@ def test_replicas_on_fakeredis() -> None:
 
 @pytest.mark.real
 def test_replicas_on_real_redis(real_client: redis.Redis) -> None:
+    # ``real_client`` only vouches for the server (reachable, holding no foreign keys).
     class OnRealRedis(ReplicaMachine):
         # Each example works in a namespace of its own and deletes it in teardown.
-        def __init__(self) -> None:
-            super().__init__(real_client)
+        on_real_redis = True
 
     run_state_machine_as_test(OnRealRedis, settings=REAL_SETTINGS)
