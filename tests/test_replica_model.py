@@ -1338,11 +1338,13 @@ class ReplicaMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.fake
+@pytest.mark.slow
 def test_replicas_on_fakeredis() -> None:
     run_state_machine_as_test(ReplicaMachine, settings=FAKE_SETTINGS)
 
 
 @pytest.mark.real
+@pytest.mark.slow
 def test_replicas_on_real_redis(real_client: redis.Redis) -> None:
     # ``real_client`` only vouches for the server (reachable, holding no foreign keys).
     class OnRealRedis(ReplicaMachine):

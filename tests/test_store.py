@@ -28,6 +28,7 @@ from mstar.engine.resources import (
 from store import (
     Codec,
     ConnectionNotFound,
+    FencedError,
     PartitionNotFound,
     RequestExistsError,
     RequestNotFound,
@@ -590,6 +591,29 @@ def test_a_report_resent_after_later_steps_is_stale(store: RequestStore) -> None
             "r1", "codec", fwd_pass=0, worker_graph_id="wg-codec", rank=1, num_ranks=2,
             replica_id="a", then_step=step, check_in=30.0,
         )  # fmt: skip
+
+
+def test_a_refused_finish_leaves_the_request_where_recovery_and_reap_find_it(
+    store: RequestStore, client: redis.Redis
+) -> None:
+    # Replica "a" holds the lease on codec's next step; an unfenced finish (a zombie's, or a
+    # tool's) is refused, and must neither mark the request finished for reap nor take its
+    # partitions out of the recovery index.
+    create_two_partitions(store)
+    store.schedule_check("r1", "llm", 30.0)
+    for rank in (0, 1):
+        store.record_worker_report(
+            "r1", "codec", fwd_pass=0, worker_graph_id="wg-codec", rank=rank, num_ranks=2,
+            replica_id="a",
+        )  # fmt: skip
+    with pytest.raises(FencedError):
+        store.finish_request("r1", keep_for=60.0)
+    assert client.zscore(store.keys.finished, "r1") is None
+    assert client.zscore(store.keys.deadlines, "r1 llm") is not None
+    assert not store.load_record("r1").finished_at
+    store.finish_request("r1", keep_for=60.0, fence=store.claim_step("r1", "llm", "b"))
+    assert client.zscore(store.keys.finished, "r1") is not None
+    assert client.zscore(store.keys.deadlines, "r1 llm") is None
 
 
 def test_pass_completes_once_across_worker_graphs(store: RequestStore) -> None:

@@ -248,13 +248,18 @@ def finish_request(
     )["finished_at"]
     partition, token = (fence.partition, fence.token) if fence else ("*", "")
     args = [VERSION, partition, token, keep_for, core.history_cap, finished]
+    yield from core.run(rid, "finish_request", request_keys, args, RequestNotFound, fence)
+    # Only once the finish is applied (a refused one, a zombie's, must not put a live
+    # request where reap deletes it, nor take its partitions from recovery): both are
+    # idempotent, so a resend after a lost reply is harmless. A crash in between leaves
+    # a finished request that recovery finds and drops (claims of it answer DONE).
     members = [deadline_member(rid, p) for p in partitions]
-    alongside = [
+    hints = [
         ScriptCall("hint", [keys.deadlines], ["REM", 0, *members]),
         ScriptCall("hint", [keys.finished], ["SET", keep_for, rid]),
     ]
-    yield from core.run(
-        rid, "finish_request", request_keys, args, RequestNotFound, fence, alongside=alongside
+    yield from core.send_all(
+        [Send(h.keys[0], [h.command(core.scripts)]) for h in hints], {"request_id": rid}
     )
     core.instruments.count("finished")
 
