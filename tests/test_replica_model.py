@@ -38,12 +38,13 @@ Replies carry times through Lua's ``tostring`` (14 significant digits, ``replied
 returned by a claim, report or renewal has its expiry rounded so (about 100 us at today's
 epoch), while the lease hash holds it exactly; the model checks each as it is.
 
-The recovery index is modelled exactly as the store writes it (hints sent alongside a step,
-release or finish go out whatever the script then decides). Its documented bound, a hint never
+The recovery index is modelled exactly as the store writes it (hints sent alongside a step or
+release go out whatever the script then decides; a finish writes its index entries only once
+it is applied). Its documented bound, a hint never
 later than the lease hash's check time, is checked only with ``check_hint_bound = True``: the
 store breaks it today (a report's lease writes no hint; a holder's re-claim sets the hint to
 now + TTL past its unchanged expiry; a renewal shorter than the time left, and a resent create
-with ``check_in``, leave the hint late; a refused release or finish still removes hints).
+with ``check_in``, leave the hint late; a refused release still removes hints).
 """
 
 from __future__ import annotations
@@ -1161,16 +1162,16 @@ class ReplicaMachine(RuleBasedStateMachine):
         result, t, finished = self.client_timed(
             via, lambda: store.finish_request(rid, fence=fence, keep_for=KEEP_FOR)
         )
-        # Its hints go alongside, whatever the script finds.
-        for name in model.partitions:
-            self.index.pop(f"{rid} {name}", None)
-        self.finished_index[rid] = t + KEEP_FOR
         if fence is not None and model.superseded(fence):
             result.fenced(fence.token, model.tokens.get(fence.partition, 0))
             return
         if fence is None and self.refused_unfenced(model, result, t):
             return
         result.ok()
+        # Its index writes follow the applied finish (a refused one writes neither).
+        for name in model.partitions:
+            self.index.pop(f"{rid} {name}", None)
+        self.finished_index[rid] = t + KEEP_FOR
         model.finished_at = finished
         event("finished")
         model.held.clear()  # no partition is driven any more; the tokens stay
