@@ -558,6 +558,18 @@ class RedisCluster(_Started):
                     return False
         return True
 
+    def owner_of(self, slot: int) -> RedisServer:
+        """The master that serves ``slot`` now, as the first running node sees it."""
+        for node in self.nodes:
+            if not node.running:
+                continue
+            with node.client() as c:
+                for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                    if start <= slot <= end:
+                        return self.node(int(master[1]))
+            break
+        raise AssertionError(f"slot {slot} is not served")
+
     def migrate_slot(self, slot: int, source: RedisServer, target: RedisServer) -> int:
         """Move ``slot`` with its keys from ``source`` to ``target``, as a resharding would;
         returns how many keys moved."""

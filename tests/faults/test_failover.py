@@ -68,12 +68,7 @@ def cluster(module_cluster: RedisCluster) -> Iterator[RedisCluster]:
 
 def owner_port(cluster: RedisCluster, key: str) -> int:
     """The port of the master that serves ``key``'s slot now."""
-    slot = key_slot(key.encode())
-    with cluster.nodes[0].client() as c:
-        for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
-            if start <= slot <= end:
-                return int(master[1])
-    raise AssertionError(f"slot {slot} is not served")
+    return cluster.owner_of(key_slot(key.encode())).port
 
 
 def pick_requests(cluster: RedisCluster, namespace: str, victim: int) -> tuple[list[str], ...]:

@@ -53,20 +53,12 @@ class Resharder:
         self._stop.set()
         self._thread.join(30)
 
-    def _owner(self, slot: int) -> Any:
-        with self.cluster.nodes[0].client() as c:
-            for start, end, master, *_ in c.execute_command("CLUSTER SLOTS"):
-                if start <= slot <= end:
-                    port = int(master[1])
-                    return next(n for n in self.cluster.nodes if n.port == port)
-        raise AssertionError(f"slot {slot} has no owner")
-
     def _run(self) -> None:
         try:
             for slot in itertools.cycle(self.slots):
                 if self._stop.is_set():
                     return
-                source = self._owner(slot)
+                source = self.cluster.owner_of(slot)
                 target = next(
                     n for n in self.cluster.nodes[self.cluster.nodes.index(source) + 1 :]
                     + self.cluster.nodes
