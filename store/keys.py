@@ -6,9 +6,10 @@ on a cluster. Only the request index lives outside any request's slot.
 
     <ns>:requests                         sorted set: request id -> creation time (index)
     <ns>:deadlines                        sorted set: "<rid> <partition>" -> when to look
-                                          at it if nothing happens (recovery index: a
-                                          hint, never later than the check time the
-                                          request's lease hash holds, which decides)
+                                          at it if nothing happens (recovery index:
+                                          equal to the check time the request's lease
+                                          hash holds, which decides, on one server;
+                                          never later than it on a cluster)
     <ns>:finished                         sorted set: request id -> when its keys expire
                                           (finished and kept with a TTL; reap drops both
                                           its entries once that time has passed)

@@ -171,6 +171,24 @@ class Harness:
             self._loop.stop()
 
 
+class KillAfter:
+    """A ``deliver`` for ``pump`` that calls ``kill`` (a server's SIGKILL, say) at its
+    ``n``-th delivery and notes when (``at``, ``time.monotonic()``)."""
+
+    def __init__(self, n: int, kill: Callable[[], Any]) -> None:
+        self.n = n
+        self.kill = kill
+        self.delivered = 0
+        self.at: float | None = None
+
+    def __call__(self, reports: list[Any]) -> list[Any]:
+        self.delivered += 1
+        if self.delivered == self.n:
+            self.kill()
+            self.at = time.monotonic()
+        return reports
+
+
 def pump(
     harness: Harness,
     request_ids: Iterable[str],

@@ -190,6 +190,18 @@ class Core:
         self.server_name = "the server"
         self.open_check_pending = False  # from_url: look at the eviction policy first
 
+    @property
+    def scripts_write_index(self) -> bool:
+        """On one server the lease scripts write the recovery index themselves; on a
+        cluster it lives in a slot of its own and the store writes it (store/ops/leases.py).
+        """
+        return self.deployment != "cluster"
+
+    def index_key(self, rid: str) -> str:
+        """The key a lease script gets for the recovery index: the index itself where the
+        script can reach it, else the request's lease key, which says "leave it to me"."""
+        return self.keys.deadlines if self.scripts_write_index else self.keys.lease(rid)
+
     def take_open_check(self) -> bool:
         """True once, for the first call after ``open_check_pending`` was set."""
         with self._topology_lock:

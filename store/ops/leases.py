@@ -3,15 +3,22 @@
 Every time that decides something (is a lease live, is a step due) is the Redis server's
 clock, read inside the scripts: replicas whose clocks disagree still agree on leases.
 
-Recovery reads the ``<ns>:deadlines`` index to learn which partitions to look at. That
-index is a hint, kept no later than the check time held in the request's lease hash
-(``check[p]``), which ``claim_step`` decides by; on a cluster the index lives in a slot of
-its own, so a step cannot update it in the same script. So a step sends the hint's update
-alongside its script in the same round trip, and never waits for it: if it is lost, the
-look comes early, finds the step not due, and puts the hint right. A step sets the hint to
-``min(check_in, lease_ttl)`` from now, so the lease granted by the pass's completing report
-(which writes no hint) always expires after the hint: a driver that dies holding it is
-looked at once its lease lapses.
+Recovery reads the ``<ns>:deadlines`` index to learn which partitions to look at. The
+check time held in the request's lease hash (``check[p]``) decides (``claim_step``); the
+index must never come later than it, or a driver that dies is looked at late, or never.
+
+On one server (standalone, Sentinel) every script that moves a check time moves the
+partition's index entry with it, atomically: the index equals the check times, whatever
+was refused, resent or lost. On a cluster the index lives in a slot of its own, out of the
+scripts' reach, so the store writes it, and only in ways a refused or lost call cannot make
+late: alongside a step, renewal, report or create goes an "only ever earlier" write
+(``LT``; ``XLT`` for a renewal and a report, which move an existing entry but make none,
+since most reports complete nothing), aimed ``CLUSTER_INDEX_LEAD`` before the check time
+the script may set; an entry is made for a lease granted to a partition that had no check
+time, removed, or moved later only after the script applied, as its reply says (a report
+that granted a lease, a step that finishes the partition, a claim's answer), and losing
+that write never hides the outcome from the caller. An early look finds the step not due
+and puts the entry right, at the cost of one claim.
 """
 
 from __future__ import annotations
@@ -22,7 +29,13 @@ from typing import Any
 
 from store.codec import domains
 from store.codec.leases import decode_leases
-from store.errors import NotFoundError, PartitionNotFound, StalePassError, ValidationError
+from store.errors import (
+    NotFoundError,
+    PartitionNotFound,
+    StalePassError,
+    StoreConnectionError,
+    ValidationError,
+)
 from store.keys import validate_name, validate_request_id
 from store.ops.args import check_replica_id
 from store.ops.batch import gather
@@ -32,6 +45,10 @@ from store.ops.effects import Op
 from store.records import Lease, Step
 
 log = logging.getLogger(__name__)
+
+# How much earlier than the check time a cluster's index entry written alongside a script
+# aims (seconds): more than the write can lag the script, less than any useful check_in.
+CLUSTER_INDEX_LEAD = 0.5
 
 
 def claim_step(
@@ -53,7 +70,7 @@ def claim_step(
         raise ValidationError("claim_step needs a replica id", request_id=rid)
     keys = [
         core.keys.lease(rid), core.keys.partition(rid, name), core.keys.history(rid),
-        core.keys.meta(rid),
+        core.keys.meta(rid), core.index_key(rid),
     ]  # fmt: skip
     args = [VERSION, name, holder, core.lease_ttl, core.history_cap]
     try:
@@ -64,24 +81,28 @@ def claim_step(
         yield from unschedule(core, rid, [name])
         raise
     status = reply[0]
+    if not core.scripts_write_index:
+        yield from _index_after_claim(core, rid, name, reply)
     if status in (b"OK", b"MINE"):
         if status == b"OK":
             core.instruments.count("takeovers")
             log.info("replica %s took over %s/%s at pass %s", holder, rid, name, int(reply[2]))
-        lease = Lease(
+        return Lease(
             rid, name, holder, int(reply[1]), int(reply[2]), float(reply[4]),
             sends=int(reply[5]), sent_at=float(reply[6]),
         )  # fmt: skip
-        # Recovery looks again when this lease lapses, unless the step moves it on first.
-        yield from schedule(core, rid, name, core.lease_ttl, mode="SET")
-        return lease
-    if status == b"DONE":  # finished (kept for inspection): recovery has nothing to do
-        yield from unschedule(core, rid, [name])
-        return None
-    # Not ours: look again when the holder's lease lapses, or at the check time.
-    at, server_now = float(reply[2 if status == b"HELD" else 1]), float(reply[-1])
-    yield from schedule(core, rid, name, max(0.0, at - server_now), mode="SET")
-    return None
+    return None  # not due, another replica's, or finished (nothing to recover)
+
+
+def _index_after_claim(core: Core, rid: str, name: str, reply: list[Any]) -> Op[None]:
+    """On a cluster: the index entry the claim's answer calls for (on one server the
+    script wrote it): at the lease's expiry, or the check time; none once finished."""
+    status = reply[0]
+    if status == b"DONE":
+        yield from after_applied(core, rid, unschedule(core, rid, [name]))
+        return
+    at = reply[{b"OK": 4, b"MINE": 4, b"HELD": 2}.get(status, 1)]
+    yield from after_applied(core, rid, schedule_at(core, rid, name, float(at)))
 
 
 def take_step(core: Core, lease: Lease, step: Step, *, check_in: float | None = None) -> Op[int]:
@@ -134,7 +155,7 @@ def _step(
     rid, name = lease.request_id, lease.partition
     keys = core.keys
     script_keys = [keys.partition(rid, name), keys.lease(rid), keys.history(rid)]
-    script_keys += [keys.connection(rid, c) for c in conns]
+    script_keys += [core.index_key(rid), *(keys.connection(rid, c) for c in conns)]
     check = check_in_arg(check_in, rid)
     args = [
         VERSION, lease.pass_number, name, lease.token, lease.holder, metadata, done, check,
@@ -146,6 +167,8 @@ def _step(
     )  # fmt: skip
     if reply[0] == b"STALE":
         raise StalePassError(lease.pass_number, int(reply[1]), request_id=rid, key=script_keys[0])
+    if reply[0] == b"OK":  # not a resend recognised: a later lease may own the entry now
+        yield from index_after_step(core, rid, name, check)
     return reply
 
 
@@ -167,9 +190,17 @@ def renew_lease(core: Core, lease: Lease, ttl: float | None = None) -> Op[Lease]
     seconds = core.lease_ttl if ttl is None else ttl
     domains.check_float(seconds, domains.DURATION, what="ttl", request_id=lease.request_id)
     rid = lease.request_id
-    keys = [core.keys.lease(rid)]
+    keys = [core.keys.lease(rid), core.index_key(rid)]
     args = [lease.partition, lease.token, seconds]
-    reply = yield from core.run(rid, "renew_lease", keys, args, PartitionNotFound, lease)
+    # A live lease has a check time, hence an entry: move it, never make one (a refused
+    # renewal must not leave one behind).
+    alongside = (
+        () if core.scripts_write_index
+        else [earlier_hints(core, rid, [lease.partition], seconds, mode="XLT")]
+    )  # fmt: skip
+    reply = yield from core.run(
+        rid, "renew_lease", keys, args, PartitionNotFound, lease, alongside=alongside
+    )
     return Lease(
         rid, lease.partition, lease.holder, lease.token, lease.pass_number, float(reply[1]),
         sends=lease.sends, sent_at=lease.sent_at,
@@ -226,11 +257,65 @@ def check_in_arg(check_in: float | None, rid: str) -> str | float:
 
 
 def step_hint(core: Core, rid: str, partition: str, check: str | float) -> list[ScriptCall]:
-    """The hint write that goes alongside a step (see the module docstring)."""
-    member = deadline_member(rid, partition)
-    if check == "":
-        return [_hint_call(core, "REM", 0, [member])]
-    return [_hint_call(core, "SET", min(float(check), core.lease_ttl), [member])]
+    """What goes alongside a step on a cluster: an only-ever-earlier entry at its check
+    time (see the module docstring); nothing on one server, where the script writes it."""
+    if core.scripts_write_index or check == "":
+        return []
+    return [_earlier(core, rid, partition, float(check))]
+
+
+def report_hint(
+    core: Core, rid: str, partition: str, holder: str, step_check: str | float | None
+) -> list[ScriptCall]:
+    """What goes alongside a report on a cluster: the lease it may grant ``holder`` ends
+    ``lease_ttl`` from now at the latest, and the step it may take sets ``step_check``.
+    Only an existing entry is moved (most reports complete nothing): a partition without
+    one gets it after the report, if it granted a lease (``index_after_report``)."""
+    if core.scripts_write_index or not holder:
+        return []
+    at = core.lease_ttl
+    if step_check not in (None, ""):
+        at = min(at, float(step_check))
+    return [earlier_hints(core, rid, [partition], at, mode="XLT")]
+
+
+def index_after_report(
+    core: Core, rid: str, partition: str, reply: list[Any], step_check: str | float | None
+) -> Op[None]:
+    """On a cluster, after a report that granted a lease: the entry of a partition that had
+    no check time before (the alongside write moved only existing ones), at the lease's
+    expiry or at the check time of the step taken with it; and none once a step taken
+    with it left nothing to check."""
+    if core.scripts_write_index or reply[0] != b"OK" or not int(reply[4]):
+        return
+    if int(reply[6]):  # stepped
+        if step_check in (None, ""):
+            yield from after_applied(core, rid, unschedule(core, rid, [partition]))
+        elif not int(reply[11]):
+            at = float(reply[8]) + float(step_check)
+            yield from after_applied(core, rid, schedule_at(core, rid, partition, at))
+    elif not int(reply[11]):
+        yield from after_applied(core, rid, schedule_at(core, rid, partition, float(reply[5])))
+
+
+def after_applied(core: Core, rid: str, write: Op[None]) -> Op[None]:
+    """An index write that follows an operation which applied: losing it must not hide the
+    outcome from the caller. An entry left behind costs one early look; one missing until
+    the partition's next step (whose write goes alongside it) is what a lost write costs,
+    and only on a cluster."""
+    try:
+        yield from write
+    except StoreConnectionError as e:
+        log.warning(
+            "recovery index of request %s not updated (%s): %s", rid, core.keys.deadlines, e
+        )
+
+
+def index_after_step(core: Core, rid: str, partition: str, check: str | float) -> Op[None]:
+    """On a cluster, after a step that applied: a partition with nothing left to check
+    leaves the index (an entry left behind by a crash only costs one early look)."""
+    if check == "" and not core.scripts_write_index:
+        yield from after_applied(core, rid, unschedule(core, rid, [partition]))
 
 
 def schedule(core: Core, rid: str, partition: str, in_seconds: float, *, mode: str) -> Op[None]:
@@ -238,11 +323,31 @@ def schedule(core: Core, rid: str, partition: str, in_seconds: float, *, mode: s
     yield from core.script(call.name, call.keys, call.args, {"request_id": rid})
 
 
+def schedule_at(core: Core, rid: str, partition: str, at: float) -> Op[None]:
+    """The partition's entry at ``at`` (server seconds)."""
+    yield from schedule(core, rid, partition, at, mode="AT")
+
+
 def unschedule(core: Core, rid: str, partitions: Sequence[str]) -> Op[None]:
     members = [deadline_member(rid, p) for p in partitions]
     if members:
         call = _hint_call(core, "REM", 0, members)
         yield from core.script(call.name, call.keys, call.args, {"request_id": rid})
+
+
+def earlier_hints(
+    core: Core, rid: str, partitions: Sequence[str], in_seconds: float, *, mode: str = "LT"
+) -> ScriptCall:
+    """Entries ``in_seconds`` from now, or earlier where they are already (``mode="XLT"``:
+    only entries that exist). Sent alongside the script that sets the check time, the write
+    may run a little after it, by another node's clock: it aims ``CLUSTER_INDEX_LEAD``
+    earlier, so that it still lands before the check time."""
+    members = [deadline_member(rid, p) for p in partitions]
+    return _hint_call(core, mode, in_seconds - CLUSTER_INDEX_LEAD, members)
+
+
+def _earlier(core: Core, rid: str, partition: str, in_seconds: float) -> ScriptCall:
+    return earlier_hints(core, rid, [partition], in_seconds)
 
 
 def _hint_call(core: Core, mode: str, in_seconds: float, members: list[str]) -> ScriptCall:

@@ -20,7 +20,7 @@ from store.keys import connection_name, split_connection_name, validate_name, va
 from store.ops.calls import ScriptCall
 from store.ops.core import VERSION, Core, Topology, deadline_member, join_ids
 from store.ops.effects import Op, Send
-from store.ops.leases import check_in_arg
+from store.ops.leases import check_in_arg, earlier_hints
 from store.records import Lease, RequestRecord
 
 log = logging.getLogger(__name__)
@@ -89,12 +89,11 @@ def create_request(
     # Index first: a crash in between leaves an index entry without a request (which
     # readers skip and delete removes), never a request no index can find.
     first: list[Send] = [Send(keys.index, [("ZADD", keys.index, "NX", record.created_at, rid)])]
-    if check != "":
-        members = [deadline_member(rid, p) for p in partitions]
-        hint = ScriptCall("hint", [keys.deadlines], ["SET", min(check, core.lease_ttl), *members])
+    if check != "" and not core.scripts_write_index:  # see store/ops/leases.py
+        hint = earlier_hints(core, rid, list(partitions), min(float(check), core.lease_ttl))
         first.append(Send(keys.deadlines, [hint.command(core.scripts)]))
     yield from core.send_all(first, where)
-    script_keys = [keys.meta(rid), keys.lease(rid), keys.history(rid)]
+    script_keys = [keys.meta(rid), keys.lease(rid), keys.history(rid), core.index_key(rid)]
     script_keys += [k for k, _ in hashes[1:]]
     status = yield from core.run(rid, "create_request", script_keys, args, RequestNotFound)
     if status[0] == b"EXISTS":

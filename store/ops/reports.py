@@ -27,7 +27,7 @@ from store.ops.args import check_replica_id
 from store.ops.batch import gather
 from store.ops.core import VERSION, Core, Topology
 from store.ops.effects import Op
-from store.ops.leases import check_in_arg, step_hint
+from store.ops.leases import check_in_arg, index_after_report, report_hint
 from store.ops.merges import merge_publish_info
 from store.records import Lease, Report, ReportOutcome, Step
 
@@ -113,7 +113,7 @@ def record_worker_report(
             merge_args = merge.args
     prefix = keys.request_prefix(rid)
     fixed_keys = [key, prefix + "lease", prefix + "pub:" + name, prefix + "merging:" + name]
-    fixed_keys.append(prefix + "history")
+    fixed_keys += [prefix + "history", core.index_key(rid)]
     for attempt in range(2):
         outgoing: tuple[str, ...] = ()
         fed: list[str] = []
@@ -186,14 +186,18 @@ def _run_report(
 ) -> Op[list[Any]]:
     """The report script; BUSY (an optimistic merge holds the partition) waits and retries."""
     stepping = step.fixed[0] == "1"
-    partition = args[8]
+    partition, holder = args[8], args[9]
     waiting = core.busy_waiting(keys[2], request_id=rid)
     while True:
-        alongside = step_hint(core, rid, partition, step.fixed[3]) if stepping else ()
+        alongside = report_hint(core, rid, partition, holder, step.fixed[3] if stepping else None)
         reply: list[Any] = yield from core.run(
             rid, "report", keys, args, PartitionNotFound, alongside=alongside
         )
         if reply[0] != b"BUSY":
+            if holder:
+                yield from index_after_report(
+                    core, rid, partition, reply, step.fixed[3] if stepping else None
+                )
             return reply
         yield from waiting.pause()  # an optimistic merge holds the partition: it goes first
 

@@ -12,6 +12,11 @@ local function now()
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
+-- A time as a reply carries it, every digit kept (tostring keeps 14: ~100 us at today's epoch).
+local function exact(x)
+  return string.format('%.17g', x)
+end
+
 -- nil when every key exists as a record of schema version `version`; else the status that
 -- the script returns at once: {'NOKEY', key} or {'SCHEMA', key, found_version}.
 local function check_records(keys, version)
@@ -153,13 +158,28 @@ end
 -- "stepped[p]" the pass the latest lease's step advanced from (a resent step is
 -- recognised); "sends[p]" how often p's current pass was sent, "sent[p]" when last.
 
+-- The recovery index ("<ns>:deadlines", see store/ops/leases.py) follows every check time:
+-- on one server the script that moves "check[p]" moves p's index entry with it, in the
+-- same atomic step. On a cluster the index lives in a slot of its own and the store
+-- passes the lease key in its place (`index` == `lease_key`): the store writes it then.
+local function index_check(index, lease_key, p, at)
+  if index == lease_key then return end
+  local member = string.match(lease_key, '{([^}]*)}:lease$') .. ' ' .. p
+  if at then
+    redis.call('ZADD', index, at, member)
+  else
+    redis.call('ZREM', index, member)
+  end
+end
+
 -- Grant partition p's lease to `holder`, raising the request's fencing token.
-local function grant_lease(lease_key, p, holder, t, ttl, pass)
+local function grant_lease(lease_key, p, holder, t, ttl, pass, index)
   local token = redis.call('HINCRBY', lease_key, 'token', 1)
   local expires = t + tonumber(ttl)
   redis.call('HSET', lease_key, 'holder[' .. p .. ']', holder, 'token[' .. p .. ']', token,
              'expires[' .. p .. ']', expires, 'pass[' .. p .. ']', pass,
              'check[' .. p .. ']', expires)
+  index_check(index, lease_key, p, expires)
   return token, expires
 end
 
@@ -201,12 +221,15 @@ end
 
 -- End p's lease (its step was sent) and set when recovery looks at p next: `check_in`
 -- seconds from t, or never ('' : p is done).
-local function end_lease(lease_key, p, t, check_in)
+local function end_lease(lease_key, p, t, check_in, index)
   redis.call('HDEL', lease_key, 'holder[' .. p .. ']', 'expires[' .. p .. ']', 'pass[' .. p .. ']')
   if check_in == '' then
     redis.call('HDEL', lease_key, 'check[' .. p .. ']')
+    index_check(index, lease_key, p, nil)
   else
-    redis.call('HSET', lease_key, 'check[' .. p .. ']', t + tonumber(check_in))
+    local at = t + tonumber(check_in)
+    redis.call('HSET', lease_key, 'check[' .. p .. ']', at)
+    index_check(index, lease_key, p, at)
   end
 end
 

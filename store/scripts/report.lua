@@ -6,8 +6,9 @@
 -- KEYS[4] the partition's merging claim (while an optimistic merge holds it, a report that
 --         carries infos steps aside: BUSY, nothing written)
 -- KEYS[5] the request's history stream
--- KEYS[6..5+n_out]        outgoing connection hashes (token_count += new tokens)
--- KEYS[6+n_out..]         incoming connection hashes (consumed_count raised)
+-- KEYS[6] the recovery index (the lease hash on a cluster: see index_check in _lib.lua)
+-- KEYS[7..6+n_out]        outgoing connection hashes (token_count += new tokens)
+-- KEYS[7+n_out..]         incoming connection hashes (consumed_count raised)
 -- ARGV[1] schema version  ARGV[2] forward pass of the report  ARGV[3] worker graph id
 -- ARGV[4] rank            ARGV[5] ranks in the worker graph   ARGV[6] new output tokens
 -- ARGV[7] n_out           ARGV[8] n_in        ARGV[9] partition name
@@ -24,9 +25,10 @@
 -- changes nothing, and says what the first one did (whether it completed the pass, and the
 -- lease if this replica still holds it live). Exactly one report per pass completes it.
 -- Returns {'OK'|'DUP', rank_completions, wg_complete, pass_complete, lease_token,
--- lease_expiry, stepped_to_pass, sends, last_sent, partition fields, publish-info fields}
--- (the last two when a lease is returned and no step was taken; sends and last_sent: how
--- often and when the lease hash says the pass was sent), or an error status: NOKEY/SCHEMA,
+-- lease_expiry, stepped_to_pass, sends, last_sent, partition fields, publish-info fields,
+-- had_check} (the fields when a lease is returned and no step was taken; sends and
+-- last_sent: how often and when the lease hash says the pass was sent; had_check, 0 or 1,
+-- with a lease granted: whether p had a check time before), or an error status: NOKEY/SCHEMA,
 -- {'STALE', current_pass}, {'NOWG'}, {'BUSY'}, {'KIND', label}, {'RANGE', field}.
 local part, lease, pub = KEYS[1], KEYS[2], KEYS[3]
 local p, replica, cap = ARGV[9], ARGV[10], ARGV[12]
@@ -35,7 +37,7 @@ local n_names, n_labels, n_wgs = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumbe
 local first_name = 20 + n_in
 local first_wg = first_name + n_names
 local first_label = first_wg + n_wgs
-local last_out = 5 + n_out
+local last_out = 6 + n_out
 
 local wg, rank = ARGV[3], ARGV[4]
 local marks_field = '_reports[' .. wg .. ']'
@@ -49,9 +51,9 @@ local held = redis.call('HMGET', part, VERSION_FIELD, 'fwd_pass_number',
                         old_mark)
 if not held[1] then return {'NOKEY', part} end
 if held[1] ~= ARGV[1] then return {'SCHEMA', part, held[1]} end
-if #KEYS > 5 then
+if #KEYS > 6 then
   local conns = {}
-  for i = 6, #KEYS do conns[#conns + 1] = KEYS[i] end
+  for i = 7, #KEYS do conns[#conns + 1] = KEYS[i] end
   local bad = check_records(conns, ARGV[1])
   if bad then return bad end
 end
@@ -90,7 +92,7 @@ if held[10] or string.find(marks, ',' .. rank .. ',', 1, true) then
     'rank', ARGV[4], 'wg', wg, 'replica', replica, 'outcome', 'duplicate'})
   if token ~= 0 then
     local books = redis.call('HMGET', lease, 'sends[' .. p .. ']', 'sent[' .. p .. ']')
-    return {'DUP', count, 1, 1, token, tostring(expires), 0, books[1] or 0, books[2] or '0',
+    return {'DUP', count, 1, 1, token, exact(expires), 0, books[1] or 0, books[2] or '0',
             redis.call('HGETALL', part), redis.call('HGETALL', pub)}
   end
   return {'DUP', count, completed and 1 or 0, completed and 1 or 0, 0, '0', 0, 0, '0'}
@@ -100,7 +102,7 @@ end
 local tokens = tonumber(ARGV[6])
 if tokens ~= 0 then
   if tonumber(held[6] or '0') + tokens >= LUA_EXACT then return {'RANGE', 'num_output_tokens'} end
-  for i = 6, last_out do
+  for i = 7, last_out do
     if tonumber(redis.call('HGET', KEYS[i], 'token_count') or '0') + tokens >= LUA_EXACT then
       return {'RANGE', 'token_count'}
     end
@@ -152,7 +154,7 @@ if n_names > 0 then
 end
 redis.call('HSET', part, unpack(sets))
 if tokens ~= 0 then
-  for i = 6, last_out do redis.call('HINCRBY', KEYS[i], 'token_count', tokens) end
+  for i = 7, last_out do redis.call('HINCRBY', KEYS[i], 'token_count', tokens) end
 end
 for i = 1, n_in do
   local conn, consumed = KEYS[last_out + i], tonumber(ARGV[19 + i])
@@ -168,20 +170,25 @@ if pass_complete == 0 or replica == '' then
   return {'OK', count, wg_complete, pass_complete, 0, '0', 0, 0, '0'}
 end
 
-local token, expires = grant_lease(lease, p, replica, t, ARGV[11], ARGV[2])
+-- On a cluster the store writes the index entry of the lease granted here; it needs to know
+-- whether p had one (every check time has one) or must be given one now.
+local had_check = 1
+if KEYS[6] == lease and not redis.call('HGET', lease, 'check[' .. p .. ']') then had_check = 0 end
+local token, expires = grant_lease(lease, p, replica, t, ARGV[11], ARGV[2], KEYS[6])
 if ARGV[15] ~= '1' then
   local books = redis.call('HMGET', lease, 'sends[' .. p .. ']', 'sent[' .. p .. ']')
-  return {'OK', count, wg_complete, 1, token, tostring(expires), 0, books[1] or 0,
-          books[2] or '0', redis.call('HGETALL', part), redis.call('HGETALL', pub)}
+  return {'OK', count, wg_complete, 1, token, exact(expires), 0, books[1] or 0,
+          books[2] or '0', redis.call('HGETALL', part), redis.call('HGETALL', pub), had_check}
 end
 -- The step taken at once: the caller knew it before the pass completed.
 local wgs = {}
 for i = first_wg, first_label - 1 do wgs[#wgs + 1] = ARGV[i] end
-local new_pass = advance(part, ARGV[2], ARGV[16], ARGV[17], wgs, 6, last_out)
+local new_pass = advance(part, ARGV[2], ARGV[16], ARGV[17], wgs, 7, last_out)
 redis.call('HSET', lease, 'stepped[' .. p .. ']', ARGV[2] .. ':' .. token, 'sends[' .. p .. ']', 1,
            'sent[' .. p .. ']', t,
            'stepped_by[' .. p .. ']', ARGV[2] .. ':' .. rank .. ':' .. wg .. ':' .. replica)
-end_lease(lease, p, t, ARGV[18])
+end_lease(lease, p, t, ARGV[18], KEYS[6])
 history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', new_pass,
   'replica', replica, 'outcome', 'applied', 'token', token})
-return {'OK', count, wg_complete, 1, token, tostring(expires), new_pass, 1, tostring(t)}
+return {'OK', count, wg_complete, 1, token, exact(expires), new_pass, 1, exact(t), {}, {},
+        had_check}

@@ -2,7 +2,8 @@
 -- no metadata is given: the current pass is only sent again), record the send, end the
 -- lease and set when recovery looks at the partition next.
 -- KEYS[1] the partition hash   KEYS[2] the request's lease hash   KEYS[3] its history stream
--- KEYS[4..] the partition's outgoing connection hashes (producer_done when it finishes)
+-- KEYS[4] the recovery index (the lease hash on a cluster: see index_check in _lib.lua)
+-- KEYS[5..] the partition's outgoing connection hashes (producer_done when it finishes)
 -- ARGV[1] schema version   ARGV[2] the pass the step leaves (the lease's pass)
 -- ARGV[3] partition name   ARGV[4] the lease's fencing token   ARGV[5] the replica
 -- ARGV[6] encoded metadata of the next pass ('' : no advance, the pass is sent again)
@@ -18,7 +19,7 @@
 -- {'FENCED', token} or NOKEY/SCHEMA.
 local part, lease, p = KEYS[1], KEYS[2], ARGV[3]
 local records = {part}
-for i = 4, #KEYS do records[#records + 1] = KEYS[i] end
+for i = 5, #KEYS do records[#records + 1] = KEYS[i] end
 local bad = check_records(records, ARGV[1])
 if bad then return bad end
 local t = now()
@@ -42,7 +43,7 @@ local sends
 if advancing then
   local wgs = {}
   for i = 11, #ARGV do wgs[#wgs + 1] = ARGV[i] end
-  current = advance(part, ARGV[2], ARGV[6], ARGV[7], wgs, 4, #KEYS)
+  current = advance(part, ARGV[2], ARGV[6], ARGV[7], wgs, 5, #KEYS)
   sends = 1
   redis.call('HSET', lease, 'stepped[' .. p .. ']', stepped, 'sends[' .. p .. ']', 1,
              'sent[' .. p .. ']', t)
@@ -52,7 +53,7 @@ elseif ARGV[10] == '1' then
 else  -- the lease only ends: no send to count
   sends = tonumber(redis.call('HGET', lease, 'sends[' .. p .. ']') or '0')
 end
-end_lease(lease, p, t, ARGV[8])
+end_lease(lease, p, t, ARGV[8], KEYS[4])
 history(KEYS[3], ARGV[9], part, {'op', advancing and 'step' or (ARGV[10] == '1' and 'resend'
   or 'release'), 'partition', p,
   'pass', current, 'replica', ARGV[5], 'outcome', 'applied', 'token', ARGV[4],

@@ -29,7 +29,11 @@ from mstar.conductor.request_info import (
 )
 from mstar.engine.resources import PublishedPositionInfo
 from store import Codec, Reconnect, StoreConnectionError
+from store.cli.simulate import model
+from store.cli.simulate.planner import SimPlanner
+from store.cli.simulate.reference import reference_run
 from tests.conftest import require_binaries
+from tests.runtime_harness import FAST, Harness, KillAfter, assert_matches, pump
 from tests.servers import RedisCluster
 from tests.stores import Stores
 from tests.strategies import SumInfo, user_registry
@@ -208,3 +212,52 @@ def _failover(stores: Stores, cluster: RedisCluster, namespace: str) -> None:
     for rid in load.rids:  # the whole lifecycle works again
         assert store.delete_request(rid) is True
         assert not store.request_exists(rid)
+
+
+# -- under the replica runtime's load ---------------------------------------------------------
+
+SIM_SEED = 31
+SIM_IDS = model.request_ids(8)
+SIM_KILL_AT = 12  # deliveries before the master is killed
+SIM_PATIENCE = Reconnect(give_up_after=30.0)  # the runtime rides the failover out
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, Any]:
+    return reference_run(SIM_SEED, SIM_IDS)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_requests_finish_as_the_reference_across_a_master_failover(
+    kind: str, cluster: RedisCluster, namespace: str, reference: dict[str, Any]
+) -> None:
+    """The runtime drives the simulation's requests; part way through, the master that holds
+    the recovery index (and some of the requests) is SIGKILLed. Once its replica is
+    promoted every request must end equal to the crash-free reference: what the old master
+    acknowledged but had not replicated, the runtime redoes."""
+    client = cluster.client()
+    harness = Harness(
+        kind, client, namespace, SimPlanner(SIM_SEED), FAST,
+        store_options={"reconnect": SIM_PATIENCE},
+    )  # fmt: skip
+    victim = owner_port(cluster, harness.store.keys.deadlines)
+    (heir,) = cluster.replicas_of(victim)
+    on_victim = [r for r in SIM_IDS if owner_port(cluster, harness.store.keys.meta(r)) == victim]
+    kill = KillAfter(SIM_KILL_AT, cluster.node(victim).kill)
+    try:
+        for rid in SIM_IDS:
+            harness.submit(rid)
+        pump(harness, SIM_IDS, deliver=kill, timeout=150)
+        killed_at = kill.at
+        assert killed_at is not None, "every request finished before the kill"
+        cluster.wait_promoted(heir)  # it was: the requests on the victim's slots finished
+        assert_matches(harness.store, reference, SIM_IDS)
+        print(
+            f"\n{kind}: master {victim} (recovery index, {len(on_victim)} of {len(SIM_IDS)} "
+            f"requests) killed after {SIM_KILL_AT} deliveries; replica {heir} promoted; every "
+            f"request finished as the reference {time.monotonic() - killed_at:.1f} s after the "
+            f"kill"
+        )
+    finally:
+        harness.close()
+        client.close()
