@@ -661,3 +661,70 @@ def test_a_second_store_sees_the_first_ones_writes(
 def test_user_config_kind_roundtrips(store: RequestStore) -> None:
     create_two_partitions(store, configs={"beam": BeamConfig(4, {3: 0.5})})
     assert store.load_record("r1").resource_configs == {"beam": BeamConfig(4, {3: 0.5})}
+
+
+@pytest.mark.parametrize(
+    ("seed", "fwd_pass", "done", "check_in"),
+    [
+        (7, 0, False, 30.0),
+        (7, 0, True, None),
+        (2**62, 10**15, False, 30.0),  # beyond what the script counts itself: HINCRBY's
+        (-(2**63), 3, False, 30.0),
+    ],
+)
+def test_a_step_taken_in_the_report_leaves_what_report_then_take_step_leaves(
+    store: RequestStore,
+    client: redis.Redis,
+    seed: int,
+    fwd_pass: int,
+    done: bool,
+    check_in: float | None,
+) -> None:
+    """The completing report that takes the step writes the partition and lease hash in one
+    go; the stored result must be the two calls' (but the field that recognises its resend)."""
+    step = Step(DECODE, ("wg-llm",), done=done)
+    stored = []
+    for rid, in_report in (("a", True), ("b", False)):
+        store.create_request(
+            rid,
+            partitions={
+                "llm": PartitionState(
+                    "llm", PREFILL, fwd_pass_number=fwd_pass, random_seed=seed,
+                    current_worker_graph_ids={"wg-llm", "wg-aux"},
+                ),
+                "codec": PartitionState("codec", PREFILL, current_worker_graph_ids={"wg-codec"}),
+            },
+            connections={LLM_TO_CODEC: StreamingConnectionState("llm", "codec", "tokens")},
+            max_output_tokens=64,
+        )  # fmt: skip
+        store.record_worker_report(  # an output of the pass, which the step clears
+            rid, "llm", fwd_pass=fwd_pass, worker_graph_id="wg-aux", rank=0, num_ranks=1,
+            new_tokens=1, output_names=["aux"],
+        )  # fmt: skip
+        for rank in (1, 0):  # rank 0 (tokens, outputs) completes the pass
+            outcome = store.record_worker_report(
+                rid, "llm", fwd_pass=fwd_pass, worker_graph_id="wg-llm", rank=rank, num_ranks=2,
+                new_tokens=5 - 5 * rank, output_names=["out"] * (1 - rank),
+                published={"kv": kv(rank, "x", 9)},
+                replica_id="r", then_step=step if in_report else None, check_in=check_in,
+            )  # fmt: skip
+        assert outcome.lease is not None
+        if in_report:
+            assert outcome.stepped_to == fwd_pass + 1
+        else:
+            assert store.take_step(outcome.lease, step, check_in=check_in) == fwd_pass + 1
+        lease = {k: v for k, v in client.hgetall(store.keys.lease(rid)).items()}
+        lease.pop(b"stepped_by[llm]", None)
+        for field in (b"sent[llm]", b"check[llm]"):  # times: each call's own
+            assert (lease.pop(field, None) is None) == (field == b"check[llm]" and done)
+        stored.append(
+            (store.load_request(rid).partitions, store.load_request(rid).connections, lease)
+        )
+    assert stored[0] == stored[1]
+    llm = stored[0][0]["llm"]
+    assert (llm.fwd_pass_number, llm.random_seed, llm.num_output_tokens) == (
+        fwd_pass + 1,
+        seed + 1,
+        6,
+    )
+    assert stored[0][1][LLM_TO_CODEC].producer_done == done

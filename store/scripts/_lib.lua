@@ -35,6 +35,10 @@ local function inherit_ttl(key, record)
   if ttl > 0 and redis.call('PTTL', key) == -1 then redis.call('PEXPIRE', key, ttl) end
 end
 
+-- inherit_ttl for the history stream, once per script run: its later appends cannot
+-- change what the first one found.
+local history_ttl_done = false
+
 -- Was the operation `op_id` applied already? (ops: sorted set of op id -> time applied)
 local function op_seen(ops_key, op_id)
   return redis.call('ZSCORE', ops_key, op_id) ~= false
@@ -63,7 +67,10 @@ local function history(key, cap, record, fields)
   if string.byte(id, dash - 1) == 48 and string.byte(id, dash - 2) == 48 then
     redis.call('XTRIM', key, 'MAXLEN', '~', cap)
   end
-  inherit_ttl(key, record)
+  if not history_ttl_done then
+    inherit_ttl(key, record)
+    history_ttl_done = true
+  end
 end
 
 -- Delete the fields "<name>" and "<name>[...]" of each attribute in `names` from a hash.
@@ -221,16 +228,29 @@ end
 
 -- End p's lease (its step was sent) and set when recovery looks at p next: `check_in`
 -- seconds from t, or never ('' : p is done).
-local function end_lease(lease_key, p, t, check_in, index)
-  redis.call('HDEL', lease_key, 'holder[' .. p .. ']', 'expires[' .. p .. ']', 'pass[' .. p .. ']')
+-- `books`: more field, value pairs to set in the lease hash with it (the step's
+-- bookkeeping), in the same write.
+local function end_lease(lease_key, p, t, check_in, index, books)
+  local doomed = {'holder[' .. p .. ']', 'expires[' .. p .. ']', 'pass[' .. p .. ']'}
+  local sets = books or {}
+  local at = nil
   if check_in == '' then
-    redis.call('HDEL', lease_key, 'check[' .. p .. ']')
-    index_check(index, lease_key, p, nil)
+    doomed[#doomed + 1] = 'check[' .. p .. ']'
   else
-    local at = t + tonumber(check_in)
-    redis.call('HSET', lease_key, 'check[' .. p .. ']', at)
-    index_check(index, lease_key, p, at)
+    at = t + tonumber(check_in)
+    sets[#sets + 1] = 'check[' .. p .. ']'
+    sets[#sets + 1] = at
   end
+  redis.call('HDEL', lease_key, unpack(doomed))
+  if #sets > 0 then redis.call('HSET', lease_key, unpack(sets)) end
+  index_check(index, lease_key, p, at)
+end
+
+-- The integer `s` (a stored counter) plus one, as HINCRBY would write it; nil where Lua
+-- cannot be sure to (not an integer, or too large for a double's %.14g).
+local function plus_one(s)
+  if not string.find(s, '^-?%d+$') or #s > 13 then return nil end
+  return tonumber(s) + 1
 end
 
 -- Move partition `part` (name p) from pass `from_pass` to the next one: per-pass sets and
@@ -238,8 +258,10 @@ end
 -- `done` also sets is_done and producer_done on every outgoing connection (KEYS first_out
 -- onwards). `wgs` are the next pass's worker graphs. Returns the new pass number. The
 -- caller has checked everything: this only writes.
-local function advance(part, from_pass, metadata, done, wgs, first_out, last_out)
-  local held = redis.call('HMGET', part, '_wgs', 'curr_forward_outputs')
+local function advance(part, from_pass, metadata, done, wgs, first_out, last_out, known)
+  -- known: what the caller read already ({_wgs, curr_forward_outputs, random_seed}), and
+  -- fields it wants written with the new pass (known[4]).
+  local held = known or redis.call('HMGET', part, '_wgs', 'curr_forward_outputs', 'random_seed')
   if held[1] then
     local doomed = {'_completer', 'curr_forward_outputs'}
     for _, id in ipairs(split_ids(held[1])) do
@@ -264,9 +286,21 @@ local function advance(part, from_pass, metadata, done, wgs, first_out, last_out
     fields[#fields + 1] = 'current_worker_graph_ids[' .. id .. ']'
     fields[#fields + 1] = '1'
   end
+  for _, extra in ipairs(held[4] or {}) do fields[#fields + 1] = extra end
+  -- The two counters go up by one in the same HSET where Lua counts them exactly (HINCRBY
+  -- otherwise, which also refuses a value that is not an integer, as it always did).
+  local new_pass, seed = plus_one(from_pass), plus_one(held[3] or '0')
+  if new_pass then
+    fields[#fields + 1] = 'fwd_pass_number'
+    fields[#fields + 1] = new_pass
+  end
+  if seed then
+    fields[#fields + 1] = 'random_seed'
+    fields[#fields + 1] = seed
+  end
   redis.call('HSET', part, unpack(fields))
-  local new_pass = redis.call('HINCRBY', part, 'fwd_pass_number', 1)
-  redis.call('HINCRBY', part, 'random_seed', 1)
+  if not new_pass then new_pass = redis.call('HINCRBY', part, 'fwd_pass_number', 1) end
+  if not seed then redis.call('HINCRBY', part, 'random_seed', 1) end
   if done == '1' then
     redis.call('HSET', part, 'is_done', '1')
     for i = first_out, last_out do redis.call('HSET', KEYS[i], 'producer_done', '1') end
@@ -279,14 +313,20 @@ end
 -- the part (the newer value wins) and "M" raising it to the value (max). Returns the list
 -- of merges to apply, or the status to return at once: {'BUSY'} while an optimistic merge
 -- holds the partition's claim, {'KIND', label} when a label holds another kind.
+-- One HMGET per label reads its header and every part an "M" op raises (a call from Lua
+-- costs several times the command it runs).
 local function check_merges(pub, claim, first, n_labels)
   if redis.call('EXISTS', claim) == 1 then return nil, {'BUSY'} end
   local merges, pos = {}, first
   for _ = 1, n_labels do
     local label, header, m = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2])
-    local held = redis.call('HGET', pub, label)
-    if held and held ~= header then return nil, {'KIND', label} end
-    merges[#merges + 1] = {label, header, pos + 3, m}
+    local fields = {label}
+    for j = pos + 3, pos + 3 * m, 3 do
+      if ARGV[j] ~= 'S' then fields[#fields + 1] = label .. '[' .. ARGV[j + 1] .. ']' end
+    end
+    local held = redis.call('HMGET', pub, unpack(fields))
+    if held[1] and held[1] ~= header then return nil, {'KIND', label} end
+    merges[#merges + 1] = {label, header, pos + 3, m, held}
     pos = pos + 3 + 3 * m
   end
   return merges, nil
@@ -294,8 +334,9 @@ end
 
 local function apply_merges(pub, merges)
   for _, entry in ipairs(merges) do
-    local label, first, m = entry[1], entry[3], entry[4]
+    local label, first, m, held = entry[1], entry[3], entry[4], entry[5]
     local sets = {label, entry[2]}
+    local raised = 1  -- held[1] is the header: the raised parts' values follow, in order
     for j = first, first + 3 * (m - 1), 3 do
       local field = label .. '[' .. ARGV[j + 1] .. ']'
       local value = ARGV[j + 2]
@@ -303,8 +344,9 @@ local function apply_merges(pub, merges)
         sets[#sets + 1] = field
         sets[#sets + 1] = value
       else
-        local held = redis.call('HGET', pub, field)
-        if not held or tonumber(value) > tonumber(held) then
+        raised = raised + 1
+        local was = held[raised]
+        if not was or tonumber(value) > tonumber(was) then
           sets[#sets + 1] = field
           sets[#sets + 1] = value
         end

@@ -48,14 +48,17 @@ local count_field = 'wg_rank_completions[' .. wg .. ']'
 local held = redis.call('HMGET', part, VERSION_FIELD, 'fwd_pass_number',
                         'current_worker_graph_ids[' .. wg .. ']', marks_field, count_field,
                         'num_output_tokens', 'curr_forward_outputs', '_pending', '_completer',
-                        old_mark)
+                        old_mark, '_wgs', 'random_seed')
 if not held[1] then return {'NOKEY', part} end
 if held[1] ~= ARGV[1] then return {'SCHEMA', part, held[1]} end
-if #KEYS > 6 then
-  local conns = {}
-  for i = 7, #KEYS do conns[#conns + 1] = KEYS[i] end
-  local bad = check_records(conns, ARGV[1])
-  if bad then return bad end
+-- Each connection's version and the counter the report moves, in one read.
+local conn_counts = {}
+for i = 7, #KEYS do
+  local got = redis.call('HMGET', KEYS[i], VERSION_FIELD,
+                         i <= last_out and 'token_count' or 'consumed_count')
+  if not got[1] then return {'NOKEY', KEYS[i]} end
+  if got[1] ~= ARGV[1] then return {'SCHEMA', KEYS[i], got[1]} end
+  conn_counts[i] = tonumber(got[2] or '0')
 end
 if held[2] ~= ARGV[2] then
   local took = redis.call('HMGET', lease, 'stepped_by[' .. p .. ']', 'stepped[' .. p .. ']')
@@ -103,9 +106,7 @@ local tokens = tonumber(ARGV[6])
 if tokens ~= 0 then
   if tonumber(held[6] or '0') + tokens >= LUA_EXACT then return {'RANGE', 'num_output_tokens'} end
   for i = 7, last_out do
-    if tonumber(redis.call('HGET', KEYS[i], 'token_count') or '0') + tokens >= LUA_EXACT then
-      return {'RANGE', 'token_count'}
-    end
+    if conn_counts[i] + tokens >= LUA_EXACT then return {'RANGE', 'token_count'} end
   end
 end
 local merges = {}
@@ -152,13 +153,16 @@ if n_names > 0 then
   sets[#sets + 1] = 'curr_forward_outputs'
   sets[#sets + 1] = length
 end
-redis.call('HSET', part, unpack(sets))
+-- The report that completes the pass and takes the step at once (the common decode pass)
+-- writes the partition once: the step clears every per-pass field the report would set.
+local step_now = pass_complete == 1 and replica ~= '' and ARGV[15] == '1' and held[11]
+if not step_now then redis.call('HSET', part, unpack(sets)) end
 if tokens ~= 0 then
   for i = 7, last_out do redis.call('HINCRBY', KEYS[i], 'token_count', tokens) end
 end
 for i = 1, n_in do
   local conn, consumed = KEYS[last_out + i], tonumber(ARGV[19 + i])
-  if consumed > tonumber(redis.call('HGET', conn, 'consumed_count') or '0') then
+  if consumed > conn_counts[last_out + i] then
     redis.call('HSET', conn, 'consumed_count', consumed)
   end
 end
@@ -174,6 +178,26 @@ end
 -- whether p had one (every check time has one) or must be given one now.
 local had_check = 1
 if KEYS[6] == lease and not redis.call('HGET', lease, 'check[' .. p .. ']') then had_check = 0 end
+if step_now then
+  -- The lease granted and ended in one go: the lease hash ends as grant_lease, the step's
+  -- bookkeeping and end_lease would leave it, in three writes instead of six (and the
+  -- index entry once).
+  local token = redis.call('HINCRBY', lease, 'token', 1)
+  local expires = t + tonumber(ARGV[11])
+  local wgs = {}
+  for i = first_wg, first_label - 1 do wgs[#wgs + 1] = ARGV[i] end
+  local extra = tokens ~= 0 and {'num_output_tokens', tonumber(held[6] or '0') + tokens} or {}
+  local new_pass = advance(part, ARGV[2], ARGV[16], ARGV[17], wgs, 7, last_out,
+                           {held[11], held[7], held[12], extra})
+  end_lease(lease, p, t, ARGV[18], KEYS[6], {
+    'token[' .. p .. ']', token, 'stepped[' .. p .. ']', ARGV[2] .. ':' .. token,
+    'sends[' .. p .. ']', 1, 'sent[' .. p .. ']', t,
+    'stepped_by[' .. p .. ']', ARGV[2] .. ':' .. rank .. ':' .. wg .. ':' .. replica})
+  history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', new_pass,
+    'replica', replica, 'outcome', 'applied', 'token', token})
+  return {'OK', count, wg_complete, 1, token, exact(expires), new_pass, 1, exact(t), {}, {},
+          had_check}
+end
 local token, expires = grant_lease(lease, p, replica, t, ARGV[11], ARGV[2], KEYS[6])
 if ARGV[15] ~= '1' then
   local books = redis.call('HMGET', lease, 'sends[' .. p .. ']', 'sent[' .. p .. ']')

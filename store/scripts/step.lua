@@ -18,18 +18,30 @@
 -- advance from a pass that is not current: nothing written),
 -- {'FENCED', token} or NOKEY/SCHEMA.
 local part, lease, p = KEYS[1], KEYS[2], ARGV[3]
-local records = {part}
-for i = 5, #KEYS do records[#records + 1] = KEYS[i] end
-local bad = check_records(records, ARGV[1])
-if bad then return bad end
+-- One read of each hash for everything the checks and the step need.
+local held = redis.call('HMGET', part, VERSION_FIELD, 'fwd_pass_number', '_wgs',
+                        'curr_forward_outputs', 'random_seed')
+if not held[1] then return {'NOKEY', part} end
+if held[1] ~= ARGV[1] then return {'SCHEMA', part, held[1]} end
+if #KEYS > 4 then
+  local conns = {}
+  for i = 5, #KEYS do conns[#conns + 1] = KEYS[i] end
+  local bad = check_records(conns, ARGV[1])
+  if bad then return bad end
+end
 local t = now()
-local current = redis.call('HGET', part, 'fwd_pass_number')
+local current = held[2]
 local advancing = ARGV[6] ~= ''
 local stepped = ARGV[2] .. ':' .. ARGV[4]  -- this lease's step, once taken
-if advancing and redis.call('HGET', lease, 'stepped[' .. p .. ']') == stepped then
-  return {'DUP', current, redis.call('HGET', lease, 'sends[' .. p .. ']') or '0'}
+local books = redis.call('HMGET', lease, 'stepped[' .. p .. ']', 'token[' .. p .. ']',
+                         'sends[' .. p .. ']')
+if advancing and books[1] == stepped then return {'DUP', current, books[3] or '0'} end
+local fenced
+if ARGV[4] == '' then
+  fenced = check_fence(lease, p, '', t)
+elseif books[2] ~= ARGV[4] then
+  fenced = {'FENCED', books[2] or '0'}  -- as check_fence says it
 end
-local fenced = check_fence(lease, p, ARGV[4], t)
 if not fenced and advancing and current ~= ARGV[2] then fenced = {'STALE', current} end
 if fenced then
   history(KEYS[3], ARGV[9], part, {'op', advancing and 'step' or 'resend', 'partition', p,
@@ -39,21 +51,21 @@ if fenced then
   return fenced
 end
 
-local sends
+local sends, written
 if advancing then
   local wgs = {}
   for i = 11, #ARGV do wgs[#wgs + 1] = ARGV[i] end
-  current = advance(part, ARGV[2], ARGV[6], ARGV[7], wgs, 5, #KEYS)
+  current = advance(part, ARGV[2], ARGV[6], ARGV[7], wgs, 5, #KEYS, {held[3], held[4], held[5]})
   sends = 1
-  redis.call('HSET', lease, 'stepped[' .. p .. ']', stepped, 'sends[' .. p .. ']', 1,
-             'sent[' .. p .. ']', t)
+  written = {'stepped[' .. p .. ']', stepped, 'sends[' .. p .. ']', 1, 'sent[' .. p .. ']', t}
 elseif ARGV[10] == '1' then
-  sends = redis.call('HINCRBY', lease, 'sends[' .. p .. ']', 1)
-  redis.call('HSET', lease, 'sent[' .. p .. ']', t)
+  sends = tonumber(books[3] or '0') + 1
+  written = {'sends[' .. p .. ']', sends, 'sent[' .. p .. ']', t}
 else  -- the lease only ends: no send to count
-  sends = tonumber(redis.call('HGET', lease, 'sends[' .. p .. ']') or '0')
+  sends = tonumber(books[3] or '0')
+  written = {}
 end
-end_lease(lease, p, t, ARGV[8], KEYS[4])
+end_lease(lease, p, t, ARGV[8], KEYS[4], written)
 history(KEYS[3], ARGV[9], part, {'op', advancing and 'step' or (ARGV[10] == '1' and 'resend'
   or 'release'), 'partition', p,
   'pass', current, 'replica', ARGV[5], 'outcome', 'applied', 'token', ARGV[4],
