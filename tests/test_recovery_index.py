@@ -84,9 +84,7 @@ def test_the_holders_reclaim_keeps_the_entry_at_its_lease(
     assert_on_time(store, client)
 
 
-def test_a_shorter_renewal_brings_the_entry_forward(
-    client: redis.Redis, namespace: str
-) -> None:
+def test_a_shorter_renewal_brings_the_entry_forward(client: redis.Redis, namespace: str) -> None:
     store = RequestStore(client, namespace=namespace, lease_ttl=60.0)
     create(store, check_in=0.0)
     lease = store.claim_step("r1", "llm", "a")
@@ -102,9 +100,7 @@ def test_a_resent_create_leaves_the_entry(store: RequestStore, client: redis.Red
     assert_on_time(store, client)
 
 
-def test_the_lease_a_report_grants_has_an_entry(
-    store: RequestStore, client: redis.Redis
-) -> None:
+def test_the_lease_a_report_grants_has_an_entry(store: RequestStore, client: redis.Redis) -> None:
     create(store, check_in=None)  # recovery was told not to look yet
     assert entry(store, client) is None
     outcome = store.record_worker_report(
@@ -154,10 +150,26 @@ def test_a_claim_on_a_finished_request_takes_its_check_time_out(
     store: RequestStore, client: redis.Redis
 ) -> None:
     create(store, check_in=0.0)
-    store.finish_request("r1", keep_for=60.0)
-    store.record_worker_report(  # a late report: it still grants its replica a lease
-        "r1", "llm", fwd_pass=0, worker_graph_id="wg", rank=0, num_ranks=1, replica_id="a"
-    )
+    lease = store.claim_step("r1", "llm", "a")
+    assert lease is not None
+    store.finish_request("r1", fence=lease, keep_for=60.0)
+    store.take_step(lease, Step(META, ("wg",)), check_in=60.0)  # late: it sets a check time
+    assert check_time(store, client) is not None
     assert store.claim_step("r1", "llm", "b") is None  # finished: nothing to recover
     assert entry(store, client) is None and check_time(store, client) is None
     assert ("r1", "llm") not in store.due_steps()
+
+
+def test_a_late_completing_report_on_a_finished_request_gets_no_lease(
+    store: RequestStore, client: redis.Redis
+) -> None:
+    create(store, check_in=0.0)
+    store.finish_request("r1", keep_for=60.0)
+    outcome = store.record_worker_report(
+        "r1", "llm", fwd_pass=0, worker_graph_id="wg", rank=0, num_ranks=1, replica_id="a",
+        then_step=Step(META, ("wg",)), check_in=60.0,
+    )  # fmt: skip
+    assert outcome.applied and outcome.pass_complete  # counted, as any report
+    assert outcome.lease is None and outcome.stepped_to is None  # nobody drives it on
+    assert store.leases("r1") == {}
+    assert entry(store, client) is None and check_time(store, client) is None

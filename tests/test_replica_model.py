@@ -741,14 +741,16 @@ class ReplicaMachine(RuleBasedStateMachine):
             self.completed_passes.add(key)
             model.completer[name] = slot
             event("report: completed a pass")
-            if holder is not None:
+            if holder is not None and model.finished_at is None:  # finished: no lease
                 self.grant(model, name, holder, report.fwd_pass, t)
         assert outcome.applied
         assert outcome.rank_completions == count
         assert outcome.worker_graph_complete == wg_complete
         assert outcome.pass_complete == pass_complete
         assert outcome.stepped_to is None
-        self.check_outcome_lease(outcome, rid, name, pass_complete and holder is not None)
+        self.check_outcome_lease(
+            outcome, rid, name, pass_complete and holder is not None and model.finished_at is None
+        )
 
     def check_outcome_lease(self, outcome: Any, rid: str, name: str, expected: bool) -> None:
         if not expected:
@@ -974,7 +976,7 @@ class ReplicaMachine(RuleBasedStateMachine):
         self.server_clock.move_to(model.held[name].expires.hi)
         previous = model.fencing_token
         lease = self.claim(rid, name, via)
-        if model.finished_at is None:  # (a report may grant a lease on a finished request)
+        if model.finished_at is None:  # (a lease held when the request finished lapses)
             assert lease is not None and lease.token == previous + 1
 
     def release(self, lease: Lease, check_in: float | None, sent: bool) -> None:
@@ -1245,6 +1247,7 @@ class ReplicaMachine(RuleBasedStateMachine):
         raw = {k.decode(): v.decode() for k, v in self.client.hgetall(self.keys.lease(rid)).items()}
         names = sorted(model.partitions)
         assert raw.pop("token", "0") == str(model.fencing_token)
+        assert raw.pop("finished", None) == (None if model.finished_at is None else "1")
         for name in names:
             assert raw.pop(f"token[{name}]", None) == (
                 str(model.tokens[name]) if name in model.tokens else None

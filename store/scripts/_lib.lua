@@ -163,7 +163,9 @@ end
 -- it "holder[p]", "expires[p]" (server seconds) and "pass[p]" (the pass the step is about).
 -- "check[p]" is when recovery should look at p if nothing moves it on (server seconds);
 -- "stepped[p]" the pass the latest lease's step advanced from (a resent step is
--- recognised); "sends[p]" how often p's current pass was sent, "sent[p]" when last.
+-- recognised); "sends[p]" how often p's current pass was sent, "sent[p]" when last;
+-- "finished" once the request is finished (no lease is granted on it any more; a request
+-- finished by a store without it is recognised by its meta hash's "_finished").
 
 -- The recovery index ("<ns>:deadlines", see store/ops/leases.py) follows every check time:
 -- on one server the script that moves "check[p]" moves p's index entry with it, in the

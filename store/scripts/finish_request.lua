@@ -18,7 +18,8 @@ if fenced then
 end
 redis.call('HSET', KEYS[1], 'finished_at', ARGV[6], '_finished', '1')
 -- No partition is driven any more: drop holders and check times, keep the tokens (a late
--- write fenced with an old lease is still refused).
+-- write fenced with an old lease is still refused), and say so to the report script,
+-- which cannot see the meta hash.
 local flat = redis.call('HGETALL', lease)
 local doomed = {}
 for i = 1, #flat, 2 do
@@ -29,6 +30,7 @@ for i = 1, #flat, 2 do
   end
 end
 if #doomed > 0 then redis.call('HDEL', lease, unpack(doomed)) end
+redis.call('HSET', lease, 'finished', '1')  -- a late completing report gets no lease
 history(KEYS[3], ARGV[5], KEYS[1], {'op', 'finish', 'outcome', 'applied', 'token', ARGV[3],
   'detail', 'kept ' .. ARGV[4] .. ' s'})
 local ms = math.max(1, math.floor(tonumber(ARGV[4]) * 1000))

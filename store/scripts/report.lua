@@ -155,7 +155,10 @@ if n_names > 0 then
 end
 -- The report that completes the pass and takes the step at once (the common decode pass)
 -- writes the partition once: the step clears every per-pass field the report would set.
-local step_now = pass_complete == 1 and replica ~= '' and ARGV[15] == '1' and held[11]
+-- A completing report named by a replica gets the lease on the next step, unless the
+-- request is finished (its pass completes, but nobody is to drive the next step).
+local grants = pass_complete == 1 and replica ~= '' and not redis.call('HGET', lease, 'finished')
+local step_now = grants and ARGV[15] == '1' and held[11]
 if not step_now then redis.call('HSET', part, unpack(sets)) end
 if tokens ~= 0 then
   for i = 7, last_out do redis.call('HINCRBY', KEYS[i], 'token_count', tokens) end
@@ -170,7 +173,7 @@ history(KEYS[5], cap, part, {'op', 'report', 'partition', p, 'pass', ARGV[2], 'r
   'wg', wg, 'replica', replica, 'outcome', 'applied',
   'detail', (n_labels > 0 and 'with published info' or '') ..
             (pass_complete == 1 and ' completed the pass' or '')})
-if pass_complete == 0 or replica == '' then
+if not grants then
   return {'OK', count, wg_complete, pass_complete, 0, '0', 0, 0, '0'}
 end
 
