@@ -171,22 +171,29 @@ class Harness:
             self._loop.stop()
 
 
-class KillAfter:
-    """A ``deliver`` for ``pump`` that calls ``kill`` (a server's SIGKILL, say) at its
-    ``n``-th delivery and notes when (``at``, ``time.monotonic()``)."""
+def run_killing(
+    harness: Harness, ids: Sequence[str], at_delivery: int, kill: Callable[[], Any],
+    timeout: float,
+) -> float:  # fmt: skip
+    """Submit ``ids`` and ``pump`` them to the end, calling ``kill`` (a server's SIGKILL,
+    say) at the ``at_delivery``-th delivery; returns when it was called
+    (``time.monotonic()``). Fails if every request finished before it."""
+    delivered = 0
+    killed_at: float | None = None
 
-    def __init__(self, n: int, kill: Callable[[], Any]) -> None:
-        self.n = n
-        self.kill = kill
-        self.delivered = 0
-        self.at: float | None = None
-
-    def __call__(self, reports: list[Any]) -> list[Any]:
-        self.delivered += 1
-        if self.delivered == self.n:
-            self.kill()
-            self.at = time.monotonic()
+    def deliver(reports: list[Any]) -> list[Any]:
+        nonlocal delivered, killed_at
+        delivered += 1
+        if delivered == at_delivery:
+            kill()
+            killed_at = time.monotonic()
         return reports
+
+    for rid in ids:
+        harness.submit(rid)
+    pump(harness, ids, deliver=deliver, timeout=timeout)
+    assert killed_at is not None, "every request finished before the kill"
+    return killed_at
 
 
 def pump(

@@ -14,7 +14,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
-from store import FencedError, RequestStore, Step
+from store import FencedError, Lease, RequestStore, Step
 
 META = CurrentForwardConductorMetadata(graph_walk="prefill", is_prefill=True)
 TTL = 0.3
@@ -30,6 +30,13 @@ def create(store: RequestStore, check_in: float | None, op_id: str | None = None
         "r1", partitions={"llm": PartitionState("llm", META, current_worker_graph_ids={"wg"})},
         connections={}, max_output_tokens=8, check_in=check_in, op_id=op_id,
     )  # fmt: skip
+
+
+def claim(store: RequestStore, replica: str) -> Lease:
+    """``replica`` claims r1's step, which must be granted."""
+    lease = store.claim_step("r1", "llm", replica)
+    assert lease is not None
+    return lease
 
 
 def entry(store: RequestStore, client: redis.Redis) -> float | None:
@@ -59,11 +66,10 @@ def test_a_zombies_refused_release_leaves_the_drivers_entry(
     store: RequestStore, client: redis.Redis
 ) -> None:
     create(store, check_in=0.0)
-    zombie = store.claim_step("r1", "llm", "a")
-    assert zombie is not None
+    zombie = claim(store, "a")
     lapse(store)
-    driver = store.claim_step("r1", "llm", "b")
-    assert driver is not None and driver.token > zombie.token
+    driver = claim(store, "b")
+    assert driver.token > zombie.token
     with pytest.raises(FencedError):
         store.release_lease(zombie, check_in=None)  # "the partition is done", says the zombie
     assert_on_time(store, client)
@@ -87,8 +93,7 @@ def test_the_holders_reclaim_keeps_the_entry_at_its_lease(
 def test_a_shorter_renewal_brings_the_entry_forward(client: redis.Redis, namespace: str) -> None:
     store = RequestStore(client, namespace=namespace, lease_ttl=60.0)
     create(store, check_in=0.0)
-    lease = store.claim_step("r1", "llm", "a")
-    assert lease is not None
+    lease = claim(store, "a")
     renewed = store.renew_lease(lease, ttl=1.0)
     assert_on_time(store, client)
     assert entry(store, client) <= renewed.expires_at + 1e-3  # type: ignore[operator]
@@ -116,8 +121,7 @@ def test_a_step_that_finishes_the_partition_takes_it_out(
     store: RequestStore, client: redis.Redis
 ) -> None:
     create(store, check_in=0.0)
-    lease = store.claim_step("r1", "llm", "a")
-    assert lease is not None
+    lease = claim(store, "a")
     store.take_step(lease, Step(META, done=True), check_in=None)
     assert entry(store, client) is None and check_time(store, client) is None
 
@@ -137,11 +141,9 @@ def test_a_resent_step_keeps_the_entry_of_the_lease_after_it(
     store: RequestStore, client: redis.Redis
 ) -> None:
     create(store, check_in=0.0)
-    first = store.claim_step("r1", "llm", "a")
-    assert first is not None
+    first = claim(store, "a")
     store.take_step(first, Step(META, ("wg",)), check_in=None)  # done, says the step
-    second = store.claim_step("r1", "llm", "b")  # e.g. an operator asks for a look
-    assert second is not None
+    claim(store, "b")  # e.g. an operator asks for a look
     store.take_step(first, Step(META, ("wg",)), check_in=None)  # resent: recognised
     assert_on_time(store, client)  # still at the second lease, which nobody ended
 
@@ -150,8 +152,7 @@ def test_a_claim_on_a_finished_request_takes_its_check_time_out(
     store: RequestStore, client: redis.Redis
 ) -> None:
     create(store, check_in=0.0)
-    lease = store.claim_step("r1", "llm", "a")
-    assert lease is not None
+    lease = claim(store, "a")
     store.finish_request("r1", fence=lease, keep_for=60.0)
     store.take_step(lease, Step(META, ("wg",)), check_in=60.0)  # late: it sets a check time
     assert check_time(store, client) is not None

@@ -261,7 +261,7 @@ def step_hint(core: Core, rid: str, partition: str, check: str | float) -> list[
     time (see the module docstring); nothing on one server, where the script writes it."""
     if core.scripts_write_index or check == "":
         return []
-    return [_earlier(core, rid, partition, float(check))]
+    return [earlier_hints(core, rid, [partition], float(check))]
 
 
 def report_hint(
@@ -290,7 +290,7 @@ def index_after_report(
         return
     if int(reply[6]):  # stepped
         if step_check in (None, ""):
-            yield from after_applied(core, rid, unschedule(core, rid, [partition]))
+            yield from index_after_step(core, rid, partition, "")
         elif not int(reply[11]):
             at = float(reply[8]) + float(step_check)
             yield from after_applied(core, rid, schedule_at(core, rid, partition, at))
@@ -344,10 +344,6 @@ def earlier_hints(
     earlier, so that it still lands before the check time."""
     members = [deadline_member(rid, p) for p in partitions]
     return _hint_call(core, mode, in_seconds - CLUSTER_INDEX_LEAD, members)
-
-
-def _earlier(core: Core, rid: str, partition: str, in_seconds: float) -> ScriptCall:
-    return earlier_hints(core, rid, [partition], in_seconds)
 
 
 def _hint_call(core: Core, mode: str, in_seconds: float, members: list[str]) -> ScriptCall:

@@ -33,7 +33,7 @@ from store.cli.simulate import model
 from store.cli.simulate.planner import SimPlanner
 from store.cli.simulate.reference import reference_run
 from tests.conftest import require_binaries
-from tests.runtime_harness import FAST, Harness, KillAfter, assert_matches, pump
+from tests.runtime_harness import FAST, Harness, assert_matches, run_killing
 from tests.servers import RedisCluster
 from tests.stores import Stores
 from tests.strategies import SumInfo, user_registry
@@ -243,13 +243,10 @@ def test_requests_finish_as_the_reference_across_a_master_failover(
     victim = owner_port(cluster, harness.store.keys.deadlines)
     (heir,) = cluster.replicas_of(victim)
     on_victim = [r for r in SIM_IDS if owner_port(cluster, harness.store.keys.meta(r)) == victim]
-    kill = KillAfter(SIM_KILL_AT, cluster.node(victim).kill)
     try:
-        for rid in SIM_IDS:
-            harness.submit(rid)
-        pump(harness, SIM_IDS, deliver=kill, timeout=150)
-        killed_at = kill.at
-        assert killed_at is not None, "every request finished before the kill"
+        killed_at = run_killing(
+            harness, SIM_IDS, SIM_KILL_AT, cluster.node(victim).kill, timeout=150
+        )
         cluster.wait_promoted(heir)  # it was: the requests on the victim's slots finished
         assert_matches(harness.store, reference, SIM_IDS)
         print(

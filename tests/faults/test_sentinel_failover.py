@@ -25,7 +25,7 @@ from store.cli.simulate.planner import SimPlanner
 from store.cli.simulate.reference import reference_run
 from store.io.connect import async_client_from_url, client_from_url
 from tests.conftest import require_binaries
-from tests.runtime_harness import FAST, Harness, KillAfter, assert_matches, pump
+from tests.runtime_harness import FAST, Harness, assert_matches, run_killing
 from tests.servers import RedisSentinel, RedisServer
 
 pytestmark = [pytest.mark.sentinel, pytest.mark.slow]
@@ -104,13 +104,8 @@ def test_requests_finish_as_the_reference_across_a_sentinel_failover(
         kind, client, namespace, SimPlanner(SEED), FAST, async_client=async_client,
         store_options={"reconnect": PATIENCE},
     )  # fmt: skip
-    kill = KillAfter(KILL_AT, pair.master.kill)
     try:
-        for rid in IDS:
-            harness.submit(rid)
-        pump(harness, IDS, deliver=kill, timeout=120)
-        killed_at = kill.at
-        assert killed_at is not None, "every request finished before the kill"
+        killed_at = run_killing(harness, IDS, KILL_AT, pair.master.kill, timeout=120)
         assert pair.promoted()
         assert_matches(harness.store, reference, IDS)
         print(
