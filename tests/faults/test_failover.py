@@ -243,10 +243,17 @@ def test_requests_finish_as_the_reference_across_a_master_failover(
     victim = owner_port(cluster, harness.store.keys.deadlines)
     (heir,) = cluster.replicas_of(victim)
     on_victim = [r for r in SIM_IDS if owner_port(cluster, harness.store.keys.meta(r)) == victim]
+
+    def kill() -> None:
+        # Replication is asynchronous, and the victim's replica may still be syncing after
+        # an earlier test's failover: a request it never received is lost whole, which no
+        # store can recover (seen: 2 of 8). What is written after this may be lost; the
+        # runtime redoes it.
+        cluster.wait_replicated(victim)
+        cluster.node(victim).kill()
+
     try:
-        killed_at = run_killing(
-            harness, SIM_IDS, SIM_KILL_AT, cluster.node(victim).kill, timeout=150
-        )
+        killed_at = run_killing(harness, SIM_IDS, SIM_KILL_AT, kill, timeout=150)
         cluster.wait_promoted(heir)  # it was: the requests on the victim's slots finished
         assert_matches(harness.store, reference, SIM_IDS)
         print(
