@@ -108,12 +108,12 @@ def client_from_url(url: str, **kwargs: Any) -> Any:
     options = _options(kwargs, Retry)
     auth: dict[str, Any] = {"username": spec.username, "password": spec.password}
     if spec.scheme == "redis+sentinel":
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
             spec.hosts,
             socket_timeout=options["socket_timeout"],
             socket_connect_timeout=options["socket_connect_timeout"],
         )
-        return sentinel.master_for(  # type: ignore[no-untyped-call]
+        return sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
             spec.service, db=spec.db, **auth, **options
         )
     if spec.scheme == "redis+cluster":
@@ -135,7 +135,7 @@ def async_client_from_url(url: str, **kwargs: Any) -> Any:
     options = _options(kwargs, redis.asyncio.retry.Retry)
     auth: dict[str, Any] = {"username": spec.username, "password": spec.password}
     if spec.scheme == "redis+sentinel":
-        sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
             spec.hosts,
             socket_timeout=options["socket_timeout"],
             socket_connect_timeout=options["socket_connect_timeout"],
