@@ -31,6 +31,7 @@ from typing import Any, Self
 from urllib.parse import quote
 
 import redis
+import redis.asyncio.retry
 import redis.cluster
 import redis.sentinel
 from redis.backoff import NoBackoff
@@ -53,6 +54,11 @@ def redis_binaries_available() -> bool:
 def no_retry() -> Retry:
     """A redis-py retry policy that never retries (redis-py >= 6 retries by default)."""
     return Retry(NoBackoff(), 0)
+
+
+def no_async_retry() -> redis.asyncio.retry.Retry:
+    """``no_retry`` for a ``redis.asyncio`` client (redis-py 8.2 warns at a sync one)."""
+    return redis.asyncio.retry.Retry(NoBackoff(), 0)
 
 
 def _port_is_free(port: int) -> bool:

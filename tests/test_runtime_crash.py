@@ -34,7 +34,7 @@ from tests import backends
 from tests.backends import redis_url_for_tests
 from tests.runtime_harness import Harness, final_states, finished
 from tests.runtime_proc import Lists, report_ref
-from tests.servers import RedisServer, no_retry
+from tests.servers import RedisServer, no_async_retry, no_retry
 
 SEED = 7
 IDS = model.request_ids(4)
@@ -244,7 +244,9 @@ def test_replicas_ride_through_a_redis_restart(
     transport redelivers what failed, and every request finishes as in the reference."""
     # No retries in redis-py (they would hide the outage), and the store gives up fast.
     client = tmp_redis.client(retry=no_retry())
-    async_client = redis.asyncio.Redis(host=tmp_redis.host, port=tmp_redis.port, retry=no_retry())
+    async_client = redis.asyncio.Redis(
+        host=tmp_redis.host, port=tmp_redis.port, retry=no_async_retry()
+    )
     harness = Harness(
         kind, client, namespace, SimPlanner(SEED), TIMING, replica_id="replica-r",
         store_options={"reconnect": Reconnect(give_up_after=0.3, max_pause=0.1)},

@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 import redis
 import redis.asyncio.cluster
 import redis.cluster
+import redis.sentinel
 from redis import exceptions as rex
 
 from store.errors import ConfigurationError, StoreConnectionError, StoreError
@@ -148,6 +149,16 @@ def io_failure(error: BaseException, where: str) -> BaseException:
             f"Redis at {where} refused the credentials ({said}); check the password or "
             "ACL user in the URL"
         )
+    if isinstance(error, redis.RedisError) and "unknown command 'SENTINEL'" in str(error):
+        # A ResponseError, or (redis-py 8.2) a MasterNotFoundError quoting one.
+        return ConfigurationError(
+            f"{where}: a host of the URL is no Sentinel (it does not know SENTINEL); a "
+            "redis+sentinel:// URL names the Sentinels, not the master"
+        )
+    if isinstance(error, redis.sentinel.MasterNotFoundError):
+        # redis-py 8.2 puts the Sentinel client's repr (a thousand characters) in the text.
+        said = str(error).split(" : <", 1)[0]
+        return Disconnected(f"{where}: MasterNotFoundError: {said}", node=where)
     if isinstance(error, rex.MaxConnectionsError):  # a pool shared with others: wait
         return Disconnected(f"{where}: no free connection in the pool: {error}", node=where)
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
@@ -161,11 +172,6 @@ def io_failure(error: BaseException, where: str) -> BaseException:
         )
     if isinstance(error, rex.RedisClusterException):
         return cluster_failure(error, where)
-    if isinstance(error, rex.ResponseError) and "unknown command 'SENTINEL'" in str(error):
-        return ConfigurationError(
-            f"{where}: a host of the URL is no Sentinel (it does not know SENTINEL); a "
-            "redis+sentinel:// URL names the Sentinels, not the master"
-        )
     if isinstance(error, redis.RedisError):
         return StoreError(f"Redis at {where}: {type(error).__name__}: {error}")
     return error
