@@ -3,11 +3,13 @@
 Two independent counts of a store call's round trips, so that each checks the other:
 
 - on the wire, for any tree (the legacy one too): ``recording_client`` keeps every write a
-  redis-py connection makes and the commands in it. A sync client waits for the replies of
-  one write before the next, so one write is one round trip;
+  redis-py connection makes and the commands in it, and counts the rounds: a write that
+  follows a read (or is the first) starts one; writes pipelined before any read (a
+  batch's chunks) share it;
 - in the protocol, for a store built on ``store.ops`` effects: ``tap_effects`` wraps the
   store's executor and keeps every effect its operations yield; ``round_trips`` counts them
-  (a ``SendMany`` is one round trip per server it reaches).
+  (a ``SendMany`` is one round trip per server it reaches, and so are the ``Write``s
+  before a ``Collect``).
 
 ``top_level`` tells the commands a client sent itself from those queued inside a
 MULTI..EXEC, which the server runs (and counts in ``INFO commandstats``) under the EXEC,
@@ -54,9 +56,12 @@ def _joined(packed: Any) -> bytes:
 
 @dataclass
 class Recorded:
-    """What a recording client wrote: the commands of each write, in order."""
+    """What a recording client wrote: the commands of each write, in order, and the rounds
+    (writes that waited for a read before them)."""
 
     writes: list[list[Command]] = field(default_factory=list)
+    rounds: int = 0
+    read_since: bool = True  # a read since the last write: the next write starts a round
 
     @property
     def commands(self) -> list[Command]:
@@ -64,6 +69,7 @@ class Recorded:
 
     def clear(self) -> None:
         self.writes.clear()
+        self.rounds, self.read_since = 0, True
 
 
 def recording_client(url: str) -> tuple[redis.Redis, Recorded]:
@@ -77,7 +83,13 @@ def recording_client(url: str) -> tuple[redis.Redis, Recorded]:
     class Recording(redis.Connection):
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
             recorded.writes.append(parse_commands(_joined(command)))
+            if recorded.read_since:
+                recorded.rounds, recorded.read_since = recorded.rounds + 1, False
             super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+        def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            recorded.read_since = True
+            return super().read_response(*args, **kwargs)
 
     pool = redis.ConnectionPool.from_url(url, connection_class=Recording)
     return redis.Redis(connection_pool=pool), recorded
@@ -106,18 +118,34 @@ def top_level(commands: Iterable[Command]) -> Counter[str]:
 def round_trips(effects: Iterable[Any], server_of: Callable[[Any], object] | None = None) -> int:
     """Round trips the ``effects`` of ``store.ops.effects`` cost: a ``Send``, ``Watch``,
     ``Commit`` or ``Unwatch`` one each; a ``SendMany`` one per server its sends reach
-    (``server_of(send)``; default: the send's redirect node, else one server for all);
+    (``server_of(send)``; default: the send's redirect node, else one server for all), and
+    so do the ``Write``s pipelined before a ``Collect`` (counted at the first ``Collect``);
     ``Sleep`` and ``RefreshSlots`` none (a slot refresh is a no-op on a single server)."""
-    if server_of is None:
-        server_of = _node_or_single
-    total = 0
+    counter = TripCounter(server_of)
     for effect in effects:
+        counter.add(effect)
+    return counter.trips
+
+
+class TripCounter:
+    """``round_trips``, one effect at a time (the ``Write``s not waited for are its state)."""
+
+    def __init__(self, server_of: Callable[[Any], object] | None = None) -> None:
+        self.server_of = server_of or _node_or_single
+        self.trips = 0
+        self._written: set[object] = set()  # servers of the Writes not waited for yet
+
+    def add(self, effect: Any) -> None:
         kind = type(effect).__name__
         if kind == "SendMany":
-            total += len({server_of(send) for send in effect.sends})
+            self.trips += len({self.server_of(send) for send in effect.sends})
+        elif kind == "Write":
+            self._written |= {self.server_of(send) for send in effect.sends}
+        elif kind == "Collect":
+            self.trips += len(self._written)
+            self._written = set()
         elif kind in ("Send", "Watch", "Commit", "Unwatch"):
-            total += 1
-    return total
+            self.trips += 1
 
 
 def _node_or_single(send: Any) -> object:
@@ -132,13 +160,17 @@ class EffectTap:
         self.inner = inner
         self.keep = keep
         self.effects: list[Any] = []
-        self.trips = 0
+        self._counter = TripCounter()
+
+    @property
+    def trips(self) -> int:
+        return self._counter.trips
 
     def run(self, op: Any) -> Any:
         return self.inner.run(_tapped(op, self._seen))
 
     def _seen(self, effect: Any) -> None:
-        self.trips += round_trips((effect,))
+        self._counter.add(effect)
         if self.keep:
             self.effects.append(effect)
 

@@ -2,7 +2,8 @@
 
 ``CountingExecutor`` wraps a store's executor and counts, per effect, one round trip for
 a ``Send``, a ``Watch`` or a ``Commit``, and one per server for a ``SendMany`` (one here:
-these tests run on one server). Sleeps and slot refreshes cost none.
+these tests run on one server); pipelined ``Write``s cost one, at the first ``Collect``
+that waits for them. Sleeps and slot refreshes cost none.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import inspect
 from collections.abc import Generator
 from typing import Any
 
-from store.ops.effects import Commit, Op, Send, SendMany, Watch
+from store.ops.effects import Collect, Commit, Op, Send, SendMany, Watch, Write
 
 _ROUND_TRIPS = (Send, SendMany, Watch, Commit)
 
@@ -27,13 +28,15 @@ class CountingExecutor:
     def _counted(self, op: Op[Any]) -> Generator[Any, Any, Any]:
         value: Any = None
         error: BaseException | None = None
+        written = False  # Writes not waited for yet
         while True:
             try:
                 effect = op.send(value) if error is None else op.throw(error)
             except StopIteration as stop:
                 return stop.value
-            if isinstance(effect, _ROUND_TRIPS):
+            if isinstance(effect, _ROUND_TRIPS) or (isinstance(effect, Collect) and written):
                 self.round_trips += 1
+            written = isinstance(effect, Write) or (written and not isinstance(effect, Collect))
             value, error = None, None
             try:
                 value = yield effect

@@ -76,7 +76,7 @@ def state_of(store: Any) -> list[Any]:
 
 
 @settings(STORE_SETTINGS, max_examples=15)
-@given(batch=st.lists(reports, min_size=1, max_size=12))
+@given(batch=st.lists(reports, min_size=1, max_size=30))
 def test_batched_reports_equal_one_at_a_time(
     client: redis.Redis, namespace: str, make_store: Stores, batch: list[Report]
 ) -> None:

@@ -11,9 +11,9 @@ import redis
 
 from benchmarks import report, server, stalls, wire
 from benchmarks.harness import REFERENCE_KEY, Bench, Check, Pool, Row, Spec, arrange, fastest_ratio
-from benchmarks.scenarios import aio, baseline, fastpath, store_ops
+from benchmarks.scenarios import aio, baseline, fastpath, runtime, store_ops
 from store import RequestStore
-from store.ops.effects import Commit, Disconnected, Send, SendMany, Sleep, Watch
+from store.ops.effects import Collect, Commit, Disconnected, Send, SendMany, Sleep, Watch, Write
 from tests.conftest import redis_url_for_tests
 
 
@@ -75,6 +75,44 @@ def test_round_trips_count_a_send_many_once_per_server() -> None:
     assert wire.round_trips([one, Sleep(0.1), SendMany([one, one])]) == 2  # one server
     assert wire.round_trips([SendMany([one, other])]) == 2  # two servers: two writes
     assert wire.round_trips([Watch("a", [("WATCH", "a")]), Commit([("EXEC",)])]) == 2
+
+
+def test_round_trips_count_pipelined_writes_once_per_wait() -> None:
+    one, other = Send("a", [("PING",)]), Send("b", [("PING",)], node=("10.0.0.2", 6379))
+    chunks = [Write([one]), Write([one, other]), Collect(0), Collect(1)]
+    assert wire.round_trips(chunks) == 2  # two servers, written to before the first wait
+    assert wire.round_trips([*chunks, Write([one]), Collect(2), Collect(2)]) == 3
+
+
+def _ping() -> Generator[Any, Any, Any]:
+    return (yield Send("k", [("PING",)]))
+
+
+def test_the_recording_client_counts_pipelined_writes_as_one_round(
+    real_client: Any, namespace: str
+) -> None:
+    from store.io.sync import SyncExecutor
+
+    recorded_client, recorded = wire.recording_client(redis_url_for_tests())
+    try:
+
+        def op() -> Generator[Any, Any, Any]:
+            tickets, replies = [], []
+            for i in range(3):
+                tickets.append((yield Write([Send(namespace, [("ECHO", str(i))])])))
+            for ticket in tickets:
+                replies.append((yield Collect(ticket)))
+            again = yield Send(namespace, [("PING",)])
+            return replies, again
+
+        executor = SyncExecutor(recorded_client)
+        executor.run(_ping())  # connected (the handshake's writes), then counted from here
+        recorded.clear()
+        replies, again = executor.run(op())
+        assert replies == [[[b"0"]], [[b"1"]], [[b"2"]]] and again == [b"PONG"]
+        assert len(recorded.writes) == 4 and recorded.rounds == 2
+    finally:
+        recorded_client.close()
 
 
 def test_the_effect_tap_keeps_effects_and_passes_replies_and_errors_through() -> None:
@@ -227,6 +265,29 @@ def test_fastpath_rows_count_round_trips_twice_and_the_servers_work(
             assert set(row.details["info"]["sent"]) == {"evalsha"}  # the client sends scripts
             assert counters["calls:evalsha"] >= row.details["calls"] * 2
             assert per_pass["cmdstat_us"] > 0
+
+
+@pytest.mark.real
+def test_runtime_rows_drive_every_request_and_measure_the_servers_share(
+    real_redis_error: str | None,
+) -> None:
+    if real_redis_error is not None:
+        pytest.skip(real_redis_error)
+    n = 2 * runtime.BATCH
+    specs = [
+        Spec("runtime", runtime.MODULE, op, 1, "distinct", "", runtime.prepare, requests=n)
+        for op in (runtime.EACH, runtime.BATCHED)
+    ]
+    rows, _ = _measure(specs, processes=1, rounds=1)
+    for row in rows:
+        runtime.add_figures(row)
+        d = row.details
+        assert d["verified"] is True, row  # every request at its warm pass + the passes counted
+        assert d["outcomes"] == {}, row
+        assert d["counters"]["passes"] >= n  # at least one pass of every request was timed
+        assert d["passes_per_s"] > 0 and d["redis_cpu_us_per_pass"] > 0
+        assert 0 < d["redis_cpu_share"] < 2  # one Redis process: at most a core, and noise
+        assert d["client_cpu_us_per_pass"] > 0
 
 
 def test_a_row_set_beside_another_runs_with_it() -> None:

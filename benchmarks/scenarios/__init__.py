@@ -21,6 +21,7 @@ MODULES = (
     "aio",
     "fastpath",
     "batch",
+    "runtime",
     "otel",
     "inflight",
     "scale",  # last: it leaves up to 100,000 requests to free

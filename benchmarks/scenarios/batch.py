@@ -38,7 +38,7 @@ TARGET = f"{BATCH} requests"
 REPORTS_RATIO = 5.0
 
 
-def _reports(rids: list[str], p: int, rank: int, kv: Any) -> list[Any]:
+def reports_of(rids: list[str], p: int, rank: int, kv: Any) -> list[Any]:
     from store import Report
 
     return [
@@ -87,7 +87,7 @@ class Passes:
         from store import StoreError
 
         clock = time.perf_counter_ns
-        first, second = _reports(rids, p, 0, self.kv[0]), _reports(rids, p, 1, self.kv[1])
+        first, second = reports_of(rids, p, 0, self.kv[0]), reports_of(rids, p, 1, self.kv[1])
         began = clock()
         outcomes = self.report_all(store, first) + self.report_all(store, second)
         reported = clock()
@@ -118,7 +118,7 @@ def _calibrate(w: Worker, passes: Passes) -> None:
         failed = passes.run(store, rids, 1, unused)
         if failed:
             raise RuntimeError(f"the calibration pass failed: {failed}")
-        w.info["rtt_wire"] = len(recorded.writes)
+        w.info["rtt_wire"] = recorded.rounds
     finally:
         client.close()
 

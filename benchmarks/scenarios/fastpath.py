@@ -153,7 +153,7 @@ def calibrate(w: Worker, run: Pass, options: dict[str, Any]) -> None:
         failed = [run(store, rid, p) for p in range(1, 1 + CALIBRATION)]
         if any(failed):
             raise RuntimeError(f"a calibration pass failed: {failed}")
-        w.info["rtt_wire"] = len(recorded.writes) / CALIBRATION
+        w.info["rtt_wire"] = recorded.rounds / CALIBRATION
         w.info["rtt_effects"] = None if tap is None else round_trips(tap.effects) / CALIBRATION
         sent = top_level(recorded.commands)
         w.info["sent"] = {name: n / CALIBRATION for name, n in sorted(sent.items())}

@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TypeVar
 from redis import exceptions as rex
 from redis.asyncio.cluster import RedisCluster
 
+from store.io.pipelines import Pipelines
 from store.io.sync import check_client
 from store.io.wire import (
     error_reply,
@@ -28,6 +29,7 @@ from store.io.wire import (
     with_asking,
 )
 from store.ops.effects import (
+    Collect,
     Command,
     Commit,
     Disconnected,
@@ -37,6 +39,7 @@ from store.ops.effects import (
     Sleep,
     Unwatch,
     Watch,
+    Write,
 )
 
 T = TypeVar("T")
@@ -105,6 +108,7 @@ class _Endpoint:
 
 
 Held = tuple[_Endpoint, Any]
+_Pipes = Pipelines[Held]
 
 
 class AsyncExecutor:
@@ -126,6 +130,7 @@ class AsyncExecutor:
     async def run(self, op: Op[T]) -> T:
         """Drive ``op`` to its result, performing each effect it yields."""
         held: Held | None = None  # the connection of a pending WATCH
+        pipes: _Pipes = Pipelines()  # the connections of writes not collected yet
         value: Any = None
         error: BaseException | None = None
         task = asyncio.current_task()
@@ -146,7 +151,11 @@ class AsyncExecutor:
                     if isinstance(effect, Send):
                         value = await self._send(effect)
                     elif isinstance(effect, SendMany):
-                        value = await self._send_many(effect.sends)
+                        value = await self._send_many(pipes, effect.sends)
+                    elif isinstance(effect, Write):
+                        value = await self._write_sends(pipes, effect.sends)
+                    elif isinstance(effect, Collect):
+                        value = await self._collect(pipes, effect.ticket)
                     elif isinstance(effect, Watch):
                         endpoint = await self._endpoint(effect.key, None)
                         held = (endpoint, await endpoint.take())
@@ -178,6 +187,9 @@ class AsyncExecutor:
             if held is not None:  # ended (or cancelled) with a WATCH pending: do not reuse
                 await _close(held[1])
                 await held[0].give_back(held[1])
+            for endpoint, conn in pipes.abandoned():  # replies unread: do not reuse
+                await _close(conn)
+                await endpoint.give_back(conn)
 
     # -- connections ---------------------------------------------------------------------
 
@@ -205,41 +217,58 @@ class AsyncExecutor:
             await endpoint.give_back(held[1])
         return replies[1:] if send.asking else replies
 
-    async def _send_many(self, sends: Sequence[Send]) -> list[Any]:
+    async def _send_many(self, pipes: _Pipes, sends: Sequence[Send]) -> list[Any]:
         """One write per server, all written before any is read; a server that fails
         fails only its own sends (their entries are the ``Disconnected`` met)."""
-        results: list[Any] = [None] * len(sends)
+        return await self._collect(pipes, await self._write_sends(pipes, sends))
+
+    async def _write_sends(self, pipes: _Pipes, sends: Sequence[Send]) -> int:
+        """Write ``sends`` on each server's pipelined connection; their ticket."""
+        ticket = pipes.new_ticket(sends)
         endpoints: list[_Endpoint | Disconnected] = []
         for send in sends:
             try:
                 endpoints.append(await self._endpoint(send.key, send.node))
             except Disconnected as e:
                 endpoints.append(e)
-        taken: list[Held] = []
-        written: list[tuple[Held, list[int]]] = []
-        try:
-            for endpoint, members in group_by_server(endpoints, results):
-                commands = [
-                    c for i in members for c in with_asking(sends[i].commands, sends[i].asking)
-                ]
-                try:
-                    held = (endpoint, await endpoint.take())
-                    taken.append(held)
-                    await _write(held, commands)
-                    written.append((held, members))
-                except Disconnected as e:
+        for endpoint, members in group_by_server(endpoints, ticket.results):
+            held = pipes.open.get(endpoint.address)
+            try:
+                if held is None:
+                    held = pipes.open[endpoint.address] = (endpoint, await endpoint.take())
+                ticket.parts.append((held, members))
+                await _write(
+                    held,
+                    [c for i in members for c in with_asking(sends[i].commands, sends[i].asking)],
+                )
+            except Disconnected as e:
+                if held is None:  # no connection: nothing to read on it
                     for i in members:
-                        results[i] = e
-            for held, members in written:
+                        ticket.results[i] = e
+                else:
+                    pipes.break_off(endpoint.address, held, e)
+        return ticket.number
+
+    async def _collect(self, pipes: _Pipes, number: int) -> list[Any]:
+        """The replies of ticket ``number``, read in the order written."""
+        ticket = pipes.next_ticket(number)
+        results, sends = ticket.results, ticket.sends
+        try:
+            for held, members in ticket.parts:
                 for n, i in enumerate(members):
-                    try:
-                        results[i] = await _read(held, sends[i])
-                    except Disconnected as e:
-                        for j in members[n:]:
-                            results[j] = e
-                        break
+                    failed = pipes.failure(held)
+                    if failed is None:
+                        try:
+                            results[i] = await _read(held, sends[i])
+                            continue
+                        except Disconnected as e:
+                            pipes.break_off(held[0].address, held, e)
+                            failed = e
+                    for j in members[n:]:
+                        results[j] = failed
+                    break
         finally:
-            for endpoint, conn in taken:
+            for endpoint, conn in pipes.idle():
                 await endpoint.give_back(conn)
         return results
 

@@ -19,6 +19,7 @@ from redis import exceptions as rex
 from redis.cluster import RedisCluster
 
 from store.errors import ConfigurationError
+from store.io.pipelines import Pipelines
 from store.io.wire import (
     error_reply,
     group_by_server,
@@ -29,6 +30,7 @@ from store.io.wire import (
     with_asking,
 )
 from store.ops.effects import (
+    Collect,
     Command,
     Commit,
     Disconnected,
@@ -38,6 +40,7 @@ from store.ops.effects import (
     Sleep,
     Unwatch,
     Watch,
+    Write,
 )
 
 T = TypeVar("T")
@@ -103,6 +106,9 @@ class _Endpoint:
             self.pool.release(conn)
 
 
+_Pipes = Pipelines[tuple[_Endpoint, Any]]
+
+
 class SyncExecutor:
     """Performs the effects of operations (``store.ops.effects``) with redis-py."""
 
@@ -117,6 +123,7 @@ class SyncExecutor:
     def run(self, op: Op[T]) -> T:
         """Drive ``op`` to its result, performing each effect it yields."""
         held: tuple[_Endpoint, Any] | None = None  # the connection of a pending WATCH
+        pipes: _Pipes = Pipelines()  # the connections of writes not collected yet
         value: Any = None
         error: BaseException | None = None
         try:
@@ -130,7 +137,11 @@ class SyncExecutor:
                     if isinstance(effect, Send):
                         value = self._send(effect)
                     elif isinstance(effect, SendMany):
-                        value = self._send_many(effect.sends)
+                        value = self._send_many(pipes, effect.sends)
+                    elif isinstance(effect, Write):
+                        value = self._write_sends(pipes, effect.sends)
+                    elif isinstance(effect, Collect):
+                        value = self._collect(pipes, effect.ticket)
                     elif isinstance(effect, Watch):
                         held = self._take(effect.key, None)
                         value = self._exchange(held, effect.commands)
@@ -163,6 +174,9 @@ class SyncExecutor:
             if held is not None:  # the operation ended with a WATCH pending: do not reuse
                 held[1].disconnect()
                 held[0].give_back(held[1])
+            for endpoint, conn in pipes.abandoned():  # replies unread: do not reuse
+                conn.disconnect()
+                endpoint.give_back(conn)
 
     # -- connections ---------------------------------------------------------------------
 
@@ -206,41 +220,58 @@ class SyncExecutor:
             held[0].give_back(held[1])
         return replies[1:] if send.asking else replies
 
-    def _send_many(self, sends: Sequence[Send]) -> list[Any]:
+    def _send_many(self, pipes: _Pipes, sends: Sequence[Send]) -> list[Any]:
         """One write per server, all written before any is read; a server that fails
         fails only its own sends (their entries are the ``Disconnected`` met)."""
-        results: list[Any] = [None] * len(sends)
+        return self._collect(pipes, self._write_sends(pipes, sends))
+
+    def _write_sends(self, pipes: _Pipes, sends: Sequence[Send]) -> int:
+        """Write ``sends`` on each server's pipelined connection; their ticket."""
+        ticket = pipes.new_ticket(sends)
         endpoints: list[_Endpoint | Disconnected] = []
         for send in sends:
             try:
                 endpoints.append(self._endpoint(send.key, send.node))
             except Disconnected as e:
                 endpoints.append(e)
-        taken: list[tuple[_Endpoint, Any]] = []
-        written: list[tuple[tuple[_Endpoint, Any], list[int]]] = []
-        try:
-            for endpoint, members in group_by_server(endpoints, results):
-                commands = [
-                    c for i in members for c in with_asking(sends[i].commands, sends[i].asking)
-                ]
-                try:
-                    held = self._connect(endpoint)
-                    taken.append(held)
-                    _write(held, commands)
-                    written.append((held, members))
-                except Disconnected as e:
+        for endpoint, members in group_by_server(endpoints, ticket.results):
+            held = pipes.open.get(endpoint.address)
+            try:
+                if held is None:
+                    held = pipes.open[endpoint.address] = self._connect(endpoint)
+                ticket.parts.append((held, members))
+                _write(
+                    held,
+                    [c for i in members for c in with_asking(sends[i].commands, sends[i].asking)],
+                )
+            except Disconnected as e:
+                if held is None:  # no connection: nothing to read on it
                     for i in members:
-                        results[i] = e
-            for held, members in written:
+                        ticket.results[i] = e
+                else:
+                    pipes.break_off(endpoint.address, held, e)
+        return ticket.number
+
+    def _collect(self, pipes: _Pipes, number: int) -> list[Any]:
+        """The replies of ticket ``number``, read in the order written."""
+        ticket = pipes.next_ticket(number)
+        results, sends = ticket.results, ticket.sends
+        try:
+            for held, members in ticket.parts:
                 for n, i in enumerate(members):
-                    try:
-                        results[i] = _read(held, sends[i])
-                    except Disconnected as e:
-                        for j in members[n:]:
-                            results[j] = e
-                        break
+                    failed = pipes.failure(held)
+                    if failed is None:
+                        try:
+                            results[i] = _read(held, sends[i])
+                            continue
+                        except Disconnected as e:
+                            pipes.break_off(held[0].address, held, e)
+                            failed = e
+                    for j in members[n:]:
+                        results[j] = failed
+                    break
         finally:
-            for endpoint, conn in taken:
+            for endpoint, conn in pipes.idle():
                 endpoint.give_back(conn)
         return results
 

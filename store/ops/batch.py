@@ -1,79 +1,93 @@
-"""Many operations at once: their sends batched into one round trip per server.
+"""Many operations at once: their sends pipelined, the server working while the client does.
 
-``gather`` advances each operation until it asks for something, sends every ``Send`` of
-that round together (``SendMany``: the executor writes once per server and reads all the
-replies), hands each operation its own reply, and repeats until all are done. An operation
-that asks for anything else (a WATCH, a sleep) is served on its own, in order. Each
-operation sees exactly the replies it would have seen alone, so results and errors are
-those of running them one at a time; an operation that fails does not stop the others.
+``gather`` advances each operation until it asks for something. Sends (a ``Send``, or the
+sends of a ``SendMany``) are written in chunks of ``CHUNK`` as soon as they are ready
+(``Write``), so the server runs the first chunk while the next operations are still being
+prepared; then the replies are read chunk by chunk, in the order written (``Collect``), and
+each operation is handed its own reply at once, so decoding one chunk's replies overlaps
+the server's work on the later ones. An operation's next send joins the chunk being built
+and is written when that chunk is full or nothing else is left to read. An operation that
+asks for anything else (a WATCH, a sleep) is served on its own, in order, once no write is
+pending. Each operation sees exactly the replies it would have seen alone, so results and
+errors are those of running them one at a time; an operation that fails does not stop the
+others.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from store.errors import StoreError
-from store.ops.effects import Disconnected, Effect, Op, Send, SendMany
+from store.ops.effects import Collect, Disconnected, Effect, Op, Send, SendMany, Write
 
 T = TypeVar("T")
 
+CHUNK = 8
+"""Sends per write: small enough that the server starts early, large enough that a write
+(a system call) carries many."""
+
 _PENDING = object()
+
+# Where a send's reply goes: (operation, whether it asked with a single Send, first send, n).
+_Span = tuple[int, bool, int, int]
 
 
 def gather(ops: Sequence[Op[T]]) -> Op[list[T | StoreError]]:
     """The result of each operation in ``ops``, or the ``StoreError`` it raised."""
     results: list[Any] = [_PENDING] * len(ops)
-    asks: dict[int, Effect] = {}
-    for i in range(len(ops)):
-        _advance(ops, i, results, asks, None, None)
-    while asks:
-        # Every Send of this round, and the Sends of every SendMany, in one SendMany.
-        batched = [i for i, e in asks.items() if isinstance(e, (Send, SendMany))]
-        others = [i for i in asks if i not in batched]
-        replies: dict[int, Any] = {}
-        if batched:
-            sends: list[Send] = []
-            spans = []
-            for i in batched:
-                effect = asks[i]
-                if isinstance(effect, SendMany):
-                    part = list(effect.sends)
+    ready: deque[tuple[int, Any, BaseException | None]] = deque(
+        (i, None, None) for i in range(len(ops))
+    )
+    chunk: list[Send] = []
+    spans: list[_Span] = []
+    written: deque[tuple[int, list[_Span]]] = deque()  # tickets not collected, oldest first
+    others: list[tuple[int, Effect]] = []
+    while True:
+        while ready:
+            i, value, error = ready.popleft()
+            effect = _advance(ops[i], i, results, value, error)
+            if isinstance(effect, (Send, SendMany)):
+                part = [effect] if isinstance(effect, Send) else list(effect.sends)
+                spans.append((i, isinstance(effect, Send), len(chunk), len(part)))
+                chunk.extend(part)
+                if len(chunk) >= CHUNK:
+                    written.append(((yield Write(chunk)), spans))
+                    chunk, spans = [], []
+            elif effect is not None:
+                others.append((i, effect))
+        if written:
+            ticket, done = written.popleft()
+            batch = yield Collect(ticket)
+            for i, single, start, n in done:
+                reply = batch[start] if single else batch[start : start + n]
+                if isinstance(reply, Disconnected):  # a Send's own (a SendMany gets its list)
+                    ready.append((i, None, reply))
                 else:
-                    assert isinstance(effect, Send)
-                    part = [effect]
-                spans.append((i, isinstance(effect, Send), len(sends), len(part)))
-                sends.extend(part)
-            batch = yield SendMany(sends)
-            for i, single, start, n in spans:
-                replies[i] = batch[start] if single else batch[start : start + n]
-        for i in others:
-            try:
-                replies[i] = yield asks[i]
-            except Disconnected as e:
-                replies[i] = e
-        asks.clear()
-        for i, reply in replies.items():
-            if isinstance(reply, Disconnected):  # a Send's own (a SendMany gets its list)
-                _advance(ops, i, results, asks, None, reply)
-            else:
-                _advance(ops, i, results, asks, reply, None)
-    return results
+                    ready.append((i, reply, None))
+        elif chunk:
+            written.append(((yield Write(chunk)), spans))
+            chunk, spans = [], []
+        elif others:
+            for i, effect in others:
+                try:
+                    ready.append((i, (yield effect), None))
+                except Disconnected as e:
+                    ready.append((i, None, e))
+            others = []
+        else:
+            return results
 
 
 def _advance(
-    ops: Sequence[Op[Any]],
-    i: int,
-    results: list[Any],
-    asks: dict[int, Effect],
-    value: Any,
-    error: BaseException | None,
-) -> None:
-    """Run operation ``i`` to its next effect (kept in ``asks``) or to its end."""
-    op = ops[i]
+    op: Op[Any], i: int, results: list[Any], value: Any, error: BaseException | None
+) -> Effect | None:
+    """Run operation ``i`` to its next effect, or to its end (its result kept)."""
     try:
-        asks[i] = op.send(value) if error is None else op.throw(error)
+        return op.send(value) if error is None else op.throw(error)
     except StopIteration as stop:
         results[i] = stop.value
     except StoreError as e:
         results[i] = e
+    return None

@@ -45,6 +45,29 @@ class SendMany:
 
 
 @dataclass(frozen=True, slots=True)
+class Write:
+    """Write ``sends`` as a ``SendMany`` would (one write per server), without waiting for
+    their replies: the result is a ticket for ``Collect``. The server runs these while the
+    operation prepares the next write or reads the replies of an earlier one.
+
+    The executor keeps one connection per server for the writes not collected yet, so
+    their replies come back in the order written; every ticket is collected once, in the
+    order of its ``Write``. Tickets left uncollected when the operation ends close their
+    connections (they may hold replies unread)."""
+
+    sends: Sequence[Send]
+
+
+@dataclass(frozen=True, slots=True)
+class Collect:
+    """The replies of the ``Write`` that gave ``ticket``, as a ``SendMany``'s result: one
+    entry per send, its list of replies or the ``Disconnected`` its connection met (at the
+    write, or at any read on that connection since)."""
+
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
 class Watch:
     """Take a connection to the server that owns ``key`` and keep it for a transaction;
     send ``commands`` (WATCH and the reads) on it. The result is their replies. The
@@ -76,7 +99,7 @@ class RefreshSlots:
     """Reload a cluster's slot map (a no-op on a single server)."""
 
 
-Effect = Send | SendMany | Watch | Commit | Unwatch | Sleep | RefreshSlots
+Effect = Send | SendMany | Write | Collect | Watch | Commit | Unwatch | Sleep | RefreshSlots
 Op = Generator[Effect, Any, T]
 """An operation: yields effects, receives their results, returns its own result."""
 

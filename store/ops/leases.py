@@ -175,8 +175,8 @@ def _step(
 def take_steps(
     core: Core, steps: Sequence[tuple[Lease, Step, float | None]]
 ) -> Op[list[int | Any]]:
-    """Many ``take_step`` calls at once (``(lease, step, check_in)`` each): one round trip
-    per Redis server; one entry per step, the new pass or the ``StoreError`` it met."""
+    """Many ``take_step`` calls at once (``(lease, step, check_in)`` each), pipelined
+    (``store.ops.batch``); one entry per step, the new pass or the ``StoreError`` it met."""
     return (
         yield from gather(
             [take_step(core, lease, step, check_in=check_in) for lease, step, check_in in steps]

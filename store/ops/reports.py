@@ -269,8 +269,8 @@ def record_worker_reports(
     then_steps: Sequence[Step | None] | None = None,
     check_in: float | None = None,
 ) -> Op[list[ReportOutcome | StoreError]]:
-    """Apply many reports (of any requests) at once: one round trip per Redis server for
-    all of them, then each goes on as ``record_worker_report`` would on its own.
+    """Apply many reports (of any requests) at once: pipelined to each Redis server (see
+    ``store.ops.batch``), each going on as ``record_worker_report`` would on its own.
 
     ``then_steps`` (one per report, or None) are the steps to take in the same call when a
     report completes its pass, as ``record_worker_report(then_step=...)`` does. The result
