@@ -209,24 +209,6 @@ def test_merges_follow_a_moved_slot(
         client.close()
 
 
-def test_a_moved_reply_is_followed_to_the_node_it_names() -> None:
-    """A fresh slot map may come from a node whose view still lags behind the move: the
-    resend goes where the refusing node said, not where the refreshed map may say."""
-    from store.ops.calls import send
-    from store.ops.effects import ErrorReply, RefreshSlots, Send
-
-    op = send("k", [("GET", "k")], {"request_id": "r", "key": "k"})
-    first = op.send(None)
-    assert isinstance(first, Send) and first.node is None
-    moved = ErrorReply("MOVED", "MOVED 3 10.0.0.9:7001", ("10.0.0.9", 7001))
-    assert isinstance(op.send([moved]), RefreshSlots)
-    again = op.send(None)
-    assert isinstance(again, Send) and again.node == ("10.0.0.9", 7001) and not again.asking
-    with pytest.raises(StopIteration) as done:
-        op.send([b"v"])
-    assert done.value.value == [b"v"]
-
-
 # -- Sentinel --------------------------------------------------------------------------------
 
 

@@ -141,10 +141,7 @@ def send(
         if refusal.kind == "ASK":
             node, asking = refusal.node, True
         elif refusal.kind == "MOVED":
-            # To the owner the refusing node names (it knows: another node's view, which a
-            # fresh slot map may come from, can lag behind a slot just moved), and the map
-            # refreshed for the sends after this one.
-            node, asking = refusal.node, False
+            node, asking = None, False
             yield RefreshSlots()
         else:  # transient: wait for the server or the cluster to settle
             pause = patience.next_pause()
