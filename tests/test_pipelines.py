@@ -131,9 +131,20 @@ def test_a_connection_killed_between_write_and_collect_fails_only_its_reads(
 
 
 def _kill(client: redis.Redis, name: str) -> int:
-    victims = [c["id"] for c in client.client_list() if c.get("name") == name]
+    """Kill the connections named ``name`` on every server (a cluster's: on each node)."""
+    if not isinstance(client, redis.RedisCluster):
+        return _kill_on(client, name)
+    killed = 0
+    for node in client.get_nodes():
+        with redis.Redis(host=node.host, port=node.port) as one:
+            killed += _kill_on(one, name)
+    return killed
+
+
+def _kill_on(server: redis.Redis, name: str) -> int:
+    victims = [c["id"] for c in server.client_list() if c.get("name") == name]
     for victim in victims:
-        client.client_kill_filter(_id=victim)
+        server.client_kill_filter(_id=victim)
     return len(victims)
 
 
