@@ -107,10 +107,10 @@ def test_a_connection_killed_between_write_and_collect_fails_only_its_reads(
     to the server takes a new connection and gets its replies."""
     client = real_client
     name = f"{namespace}-victim".replace(":", "-")
-    key = f"{namespace}:a"
+    key = f"{{{namespace}}}:a"  # the hash tag keeps the BLPOP's key in the send's slot
 
     def op() -> Generator[Any, Any, Any]:
-        blocked = [("CLIENT", "SETNAME", name), ("BLPOP", f"{key}:empty", "5")]
+        blocked = [("CLIENT", "SETNAME", name), ("BLPOP", f"{{{namespace}}}:empty", "5")]
         first = yield Write([Send(key, blocked)])
         second = yield Write([echo(key, "2")])  # behind the BLPOP, on the same connection
         yield Sleep(0.2)
