@@ -14,7 +14,16 @@ from mstar.conductor.request_info import (
     PartitionState,
     StreamingConnectionState,
 )
-from store import ConfigurationError, FencedError, Lease, Report, ReportOutcome, Step, Timing
+from store import (
+    ConfigurationError,
+    FencedError,
+    Lease,
+    Report,
+    ReportOutcome,
+    RequestNotFound,
+    Step,
+    Timing,
+)
 from store.keys import KeySpace
 from store.observe import Instruments
 from store.ops.core import Topology
@@ -340,6 +349,55 @@ def test_recovery_of_a_done_partition_whose_request_is_not_done_ends_its_checks(
     )  # fmt: skip
     assert releases == [None] and "finish_request" not in calls(seen)
     assert "runnable" in calls(seen)  # its consumer was looked at (a nudge may be lost)
+
+
+PRODUCER = Topology(("p", "q"), ("p->q",))
+
+
+def consumer(fwd_pass: int = 4, *, reported: bool = False) -> PartitionState:
+    return PartitionState(
+        "q", META, fwd_pass_number=fwd_pass, current_worker_graph_ids={"wg"},
+        wg_rank_completions={"wg": {0}} if reported else {},
+    )  # fmt: skip
+
+
+def test_a_nudge_reads_only_the_consumer_when_it_cannot_be_sent() -> None:
+    """The whole request (the producer's KV pages) is not read for a consumer this replica
+    sent already, or one that has reported: its partition alone says so."""
+    b = books()
+    b.sent("r", "q", 4)
+    for answer, sending in ((consumer(4), b), (consumer(5, reported=True), books())):
+        _, seen = drive(decisions.nudge_consumers(sending, "r", "p", None, PRODUCER),
+                        {"load_partition": answer})  # fmt: skip
+        assert calls(seen) == ["load_partition"]
+        assert seen[0].args == ("r", "q")
+
+
+def test_a_nudge_that_may_send_reads_the_request_and_asks_the_planner() -> None:
+    b = books()
+    state = request(partition(3), consumer(4), conns=("p->q",))
+    sent: list[Any] = []
+    _, seen = drive(
+        decisions.nudge_consumers(b, "r", "p", None, PRODUCER),
+        {"load_partition": consumer(4), "load_request": state, "runnable": True,
+         "dispatch": lambda call: sent.append(call.args[:3])},
+    )  # fmt: skip
+    assert calls(seen) == ["load_partition", "load_request", "runnable", "dispatch"]
+    assert sent == [("r", "q", 4)] and b.counts["nudges"] == 1
+    # the request's snapshot decides: the consumer reported in between, so nothing is sent
+    later = request(partition(3), consumer(4, reported=True), conns=("p->q",))
+    _, seen = drive(
+        decisions.nudge_consumers(books(), "r", "p", None, PRODUCER),
+        {"load_partition": consumer(4), "load_request": later},
+    )  # fmt: skip
+    assert calls(seen) == ["load_partition", "load_request"]
+
+
+def test_a_nudge_of_a_request_gone_reads_nothing_more() -> None:
+    gone = RequestNotFound("no such request", request_id="r")
+    _, seen = drive(decisions.nudge_consumers(books(), "r", "p", None, PRODUCER),
+                    {"load_partition": gone})  # fmt: skip
+    assert calls(seen) == ["load_partition"]
 
 
 def test_a_claim_of_a_step_this_replica_drives_already_is_left_alone() -> None:

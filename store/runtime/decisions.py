@@ -356,25 +356,47 @@ def nudge_consumers(
 
     A consumer's pass is sent (without its lease: the consumer's own step set its check
     time, so recovery still covers it) if it has no report yet and the planner says it can
-    run, unless this replica sent it already (another replica may send it too).
+    run, unless this replica sent it already (another replica may send it too). Without a
+    state at hand, the consumers' partitions are read first: the whole request (the
+    producer's KV pages above all) is read and decoded only if one of them may be sent.
     """
     topology = topology or (yield store("topology", rid))
     assert topology is not None
     consumers = [conn.split("->", 1)[1] for conn in topology.outgoing(producer)]
-    if not consumers:
-        return
-    state = state or (yield from load(rid))
     if state is None:
-        return
+        consumers = yield from _waiting(books, rid, consumers)
+        state = (yield from load(rid)) if consumers else None
+        if state is None:
+            return
     for name in consumers:
         part = state.partitions[name]
-        if part.is_done or any(part.wg_rank_completions.values()) or pass_complete(part):
-            continue
-        if not part.current_worker_graph_ids or books.sending(rid, name, part.fwd_pass_number):
+        if not _may_send(books, rid, name, part):
             continue
         if (yield planner("runnable", rid, name, state)):
             books.count("nudges")
             yield from dispatch(books, rid, name, part.fwd_pass_number, current_step(part))
+
+
+def _waiting(books: Books, rid: str, consumers: list[str]) -> Program[list[str]]:
+    """The consumers whose current pass this replica may send, each read on its own."""
+    waiting = []
+    for name in consumers:
+        try:
+            part: PartitionState = yield store("load_partition", rid, name)
+        except NotFoundError:
+            return []  # the request is gone
+        if _may_send(books, rid, name, part):
+            waiting.append(name)
+    return waiting
+
+
+def _may_send(books: Books, rid: str, name: str, part: PartitionState) -> bool:
+    """The consumer's pass is not done, has no report yet, and this replica did not send it."""
+    if part.is_done or any(part.wg_rank_completions.values()) or pass_complete(part):
+        return False
+    return bool(part.current_worker_graph_ids) and not books.sending(
+        rid, name, part.fwd_pass_number
+    )
 
 
 # -- shared by the report path and recovery (store/runtime/recovery.py) ----------------------
