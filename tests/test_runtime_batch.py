@@ -1,6 +1,8 @@
 """``apply_reports`` (batched) gives the results of ``apply_report`` one at a time, and
 leaves the same state: a property test over report sequences in any order, with
-duplicates, late and early copies, over three models (text, LLM -> codec, TP-2)."""
+duplicates, late and early copies, over three models (text, LLM -> codec, TP-2), with a
+planner that knows no step ahead and with one that predicts every step (the completing
+reports then take their steps in the batch's own call)."""
 
 from __future__ import annotations
 
@@ -47,6 +49,17 @@ class Planner(SimPlanner):
         return planner.final_outputs(request_id, state)
 
 
+class Predicting(Planner):
+    """The same planner, predicting every step (as a decode loop knows it ahead)."""
+
+    tp2 = TwoRankPlanner(3, predict=True)
+
+    def predict_step(self, report: Report) -> Any:
+        if report.request_id == TP2:
+            return self.tp2.predict_step(report)
+        return model.next_step(self.spec(report.request_id), report.partition, report.fwd_pass)
+
+
 def universe() -> list[Report]:
     """Every report the workers could send for these requests, each pass's ranks."""
     planner = Planner(SEED)
@@ -69,11 +82,13 @@ reports_strategy = st.lists(st.integers(0, len(UNIVERSE) - 1), min_size=1, max_s
 )
 
 
-def replica(server: fakeredis.FakeServer, namespace: str) -> tuple[Replica, RequestStore]:
+def replica(
+    server: fakeredis.FakeServer, namespace: str, planner_class: type[Planner] = Planner
+) -> tuple[Replica, RequestStore]:
     store = RequestStore(
         fakeredis.FakeRedis(server=server), namespace=namespace, lease_ttl=TIMING.lease_ttl
     )
-    planner = Planner(SEED)
+    planner = planner_class(SEED)
     rep = Replica(store, planner=planner, timing=TIMING, replica_id="r")
     for rid in (TEXT, TTS, TP2):
         rep.submit(rid, **planner.create(rid))
@@ -100,12 +115,13 @@ def describe(result: Any) -> Any:
     ),
     cuts=st.lists(st.integers(1, 8), min_size=1, max_size=10),
 )
+@pytest.mark.parametrize("planner_class", [Planner, Predicting])
 def test_batched_results_and_state_equal_one_at_a_time(
-    reports: list[Report], cuts: list[int]
+    planner_class: type[Planner], reports: list[Report], cuts: list[int]
 ) -> None:
     server = fakeredis.FakeServer()
-    one, one_store = replica(server, "one")
-    many, many_store = replica(server, "many")
+    one, one_store = replica(server, "one", planner_class)
+    many, many_store = replica(server, "many", planner_class)
     expected = []
     for report in reports:
         try:
@@ -122,12 +138,18 @@ def test_batched_results_and_state_equal_one_at_a_time(
     assert state_of(many_store) == state_of(one_store)
 
 
-def test_in_pass_order_every_request_finishes_in_both() -> None:
+@pytest.mark.parametrize("planner_class", [Planner, Predicting])
+def test_in_pass_order_every_request_finishes_in_both(planner_class: type[Planner]) -> None:
     """The property above runs on orders that finish requests, too (a sanity check that
     its examples reach the finishing code)."""
     server = fakeredis.FakeServer()
-    many, store = replica(server, "ns")
+    many, store = replica(server, "ns", planner_class)
+    taken: list[int] = []
+    take_steps = store.take_steps
+    store.take_steps = lambda steps: taken.append(len(steps)) or take_steps(steps)  # type: ignore[method-assign]
     in_order = sorted(UNIVERSE, key=lambda r: r.fwd_pass)
     results = many.apply_reports(in_order)
     assert sum(1 for r in results if not isinstance(r, Exception) and r.finished) == 3
     assert all(store.load_record(rid).finished_at for rid in (TEXT, TTS, TP2))
+    # Known ahead, every step is taken by the report that completes its pass.
+    assert (sum(taken) == 0) == (planner_class is Predicting), taken

@@ -261,6 +261,28 @@ def test_a_predicted_step_is_taken_by_the_report_itself() -> None:
     assert calls(seen) == ["predict_step", "record_worker_report", "topology", "dispatch"]
 
 
+def test_a_batch_takes_its_predicted_steps_in_the_reports_call() -> None:
+    b = books()
+    step = Step(META, ("wg",))
+    stepped = ReportOutcome(True, 2, True, True, lease=lease(), stepped_to=1)
+    pending = ReportOutcome(True, 1, False, False)
+    result, seen = drive(
+        decisions.apply_reports(b, [report("r", "p", 0, 0), report("r", "p", 0, 1)], predict=True),
+        {"predict_step": step, "record_worker_reports": lambda call: (
+            [pending, stepped] if call.kwargs["then_steps"] == [step, step]
+            and call.kwargs["check_in"] > 0 else None
+        ), "topology": ALONE, "dispatch": None},
+    )  # fmt: skip
+    assert result == [
+        decisions.ReportResult(ReportStatus.APPLIED),
+        decisions.ReportResult(ReportStatus.APPLIED, drove=True, new_pass=1),
+    ]
+    assert calls(seen) == [
+        "predict_step", "predict_step", "record_worker_reports", "topology", "dispatch",
+    ]  # fmt: skip
+    assert b.counts["passes"] == 1 and b.held() == []
+
+
 def test_a_fenced_step_is_dropped() -> None:
     b = books()
     outcome = ReportOutcome(False, 2, True, True, lease=lease(), stored=lambda: partition(0))

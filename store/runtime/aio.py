@@ -67,7 +67,8 @@ class AsyncReplica(ReplicaBase):
     async def apply_reports(self, reports: Sequence[Report]) -> list[ReportResult | StoreError]:
         """See ``Replica.apply_reports``."""
         async with self._working():
-            return await self._run(decisions.apply_reports(self.books, reports))
+            batched = decisions.apply_reports(self.books, reports, predict=self.predicts)
+            return await self._run(batched)
 
     async def submit(self, request_id: str, **create: Any) -> None:
         """See ``Replica.submit``."""

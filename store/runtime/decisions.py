@@ -145,20 +145,30 @@ def apply_report(books: Books, report: Report, *, predict: bool) -> Program[Repo
 
 
 def apply_reports(
-    books: Books, reports: Sequence[Report]
+    books: Books, reports: Sequence[Report], *, predict: bool
 ) -> Program[list[ReportResult | StoreError]]:
-    """``apply_report`` for many reports, batched: one call records a wave of them, one
-    call takes the steps they won. The results are those of applying them one at a time,
-    in order, so a wave never holds a report that, one at a time, would have come after a
-    step it takes part in: two reports of one request in a wave are of the same partition
-    and pass, and no report appears twice. An error that ``apply_report`` would raise is
-    that report's entry."""
+    """``apply_report`` for many reports, batched: one call records a wave of them (with
+    ``predict``, the reports that complete their pass take the predicted step in it), one
+    call takes the steps the others won. The results are those of applying them one at a
+    time, in order, so a wave never holds a report that, one at a time, would have come
+    after a step it takes part in: two reports of one request in a wave are of the same
+    partition and pass, and no report appears twice. An error that ``apply_report`` would
+    raise is that report's entry."""
     results: list[ReportResult | StoreError | None] = [None] * len(reports)
     for wave in waves(reports):
         batch = [reports[i] for i in wave]
-        outcomes = yield store("record_worker_reports", batch, replica_id=books.replica_id)
+        predicted: list[Step | None] = [None] * len(batch)
+        if predict:
+            for j, report in enumerate(batch):
+                predicted[j] = yield planner("predict_step", report)
+        ahead = (
+            {"then_steps": predicted, "check_in": books.deadlines.check_in(1)}
+            if any(step is not None for step in predicted)
+            else {}
+        )
+        outcomes = yield store("record_worker_reports", batch, replica_id=books.replica_id, **ahead)
         won: list[tuple[int, Lease, ReportStatus, Step]] = []
-        for i, outcome in zip(wave, outcomes, strict=True):
+        for i, outcome, ahead_step in zip(wave, outcomes, predicted, strict=True):
             if isinstance(outcome, StoreError):
                 results[i] = _refused_or_error(outcome)
                 continue
@@ -167,6 +177,14 @@ def apply_reports(
                 results[i] = ReportResult(status)
                 continue
             report = reports[i]
+            if outcome.stepped_to is not None:  # took the predicted step: as apply_report
+                assert ahead_step is not None
+                if outcome.applied:
+                    books.count("passes")
+                results[i] = yield from stepped(
+                    books, lease, ahead_step, outcome.stepped_to, status
+                )
+                continue
             step = yield planner(
                 "next_step", report.request_id, report.partition, outcome.partition
             )

@@ -81,7 +81,7 @@ class Replica(ReplicaBase):
         """Many reports at once, with the results of ``apply_report`` one at a time; an
         error ``apply_report`` would raise is that report's entry."""
         with self._working():
-            return self._run(decisions.apply_reports(self.books, reports))
+            return self._run(decisions.apply_reports(self.books, reports, predict=self.predicts))
 
     def submit(self, request_id: str, **create: Any) -> None:
         """``create_request(request_id, **create)`` with the first pass's deadline, then
