@@ -20,7 +20,7 @@ from store.observe import Instruments
 from store.ops import fields, lifecycle, merges, reads, reports, server
 from store.ops import leases as lease_ops
 from store.ops.calls import Reconnect
-from store.ops.core import Core
+from store.ops.core import DEFAULT_TOPOLOGY_CACHE_SIZE, Core
 from store.store import StoreSettings, settings_from, split_options
 
 
@@ -40,7 +40,7 @@ class AsyncRequestStore(StoreSettings):
         retry: RetryPolicy | None = None,
         dedupe_window: float = 3600.0,
         lease_ttl: float = 10.0,
-        topology_cache_size: int = 4096,
+        topology_cache_size: int = DEFAULT_TOPOLOGY_CACHE_SIZE,
         reconnect: Reconnect | None = None,
         history_cap: int = 1000,
         instruments: Instruments | None = None,

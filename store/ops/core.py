@@ -125,6 +125,13 @@ class StoreStats:
         return self.transactions + self.server_merges
 
 
+# Requests whose partitions and connections a store remembers (about 500 bytes each; the
+# one remembered longest ago goes first): a replica's reports need them, so it should hold
+# every request in flight; at 4,096 and 10,000 requests in flight at random, 0.6 more round
+# trips went to re-reading them per pass.
+DEFAULT_TOPOLOGY_CACHE_SIZE = 16384
+
+
 @dataclass
 class Settings:
     """The store's settings, checked once."""
@@ -134,7 +141,7 @@ class Settings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     dedupe_window: float = 3600.0
     lease_ttl: float = 10.0
-    topology_cache_size: int = 4096
+    topology_cache_size: int = DEFAULT_TOPOLOGY_CACHE_SIZE
     reconnect: Reconnect = DEFAULT_RECONNECT
     history_cap: int = 1000  # entries kept per request's history stream; 0 turns it off
     instruments: Instruments | None = None  # default: OpenTelemetry's global providers
