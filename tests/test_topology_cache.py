@@ -7,29 +7,11 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionState,
-    StreamingConnectionState,
-)
 from store import ConfigurationError, RequestStore
 from store.ops.core import DEFAULT_TOPOLOGY_CACHE_SIZE
+from tests.test_lifetimes import create  # the tts shape: an LLM streaming to a codec
 
 pytestmark = pytest.mark.fake
-
-MD = CurrentForwardConductorMetadata("decode", False)
-
-
-def create(store: RequestStore, rid: str) -> None:
-    store.create_request(
-        rid,
-        partitions={
-            "llm": PartitionState("llm", MD, current_worker_graph_ids={"wg"}),
-            "codec": PartitionState("codec", MD, current_worker_graph_ids={"wg-c"}),
-        },
-        connections={"llm->codec": StreamingConnectionState("llm", "codec", "llm->codec")},
-        max_output_tokens=100,
-    )
 
 
 def report_a_token(store: RequestStore, rid: str) -> None:
