@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Generator
 from typing import Any
 
@@ -311,3 +312,19 @@ def test_legacy_is_compared_in_the_machines_fast_state_whatever_the_mix_of_state
     ratio, fast_current, fast_legacy = fastest_ratio(current, legacy)
     assert (fast_current, fast_legacy) == (50.0, 48.0)
     assert ratio == pytest.approx(50.0 / 48.0)  # whole rows: 2.24x
+
+
+@pytest.mark.servers
+def test_script_costs_replays_every_variant_and_every_rank_count(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each probe of ``report.lua`` still finds its anchor, each variant's passes go on
+    (the tool checks every reply), and every row is printed with its figures."""
+    from benchmarks import script_costs
+
+    assert script_costs.main(["--rounds", "1", "--per-round", "3", "--reports", "5"]) == 0
+    out = capsys.readouterr().out
+    for name in (script_costs.BASELINE, script_costs.HISTORY_OFF, *script_costs.PROBES):
+        assert re.search(rf"{re.escape(name)}\s+\d+\.\d\s+[+-]\d+\.\d µs", out), (name, out)
+    for n in script_costs.RANK_COUNTS:
+        assert re.search(rf"{n:,} ranks\s+\d+\.\d\s+\d+\.\d\dx", out), (n, out)
