@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
 from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo, PublishedPositionInfo
-from store import Report, ReportOutcome, Step, StoreError
+from store import Report, ReportOutcome, Step, StoreError, ValidationError
 from tests.stores import Stores
 from tests.strategies import STORE_SETTINGS
 
@@ -130,3 +131,26 @@ def test_batched_steps_equal_one_at_a_time(
     assert got[:3] == expected == [1, 1, 1]
     assert got[3] == 1  # the resent step is recognised, as one call would
     assert state_of(many) == state_of(one)
+
+
+def test_batched_steps_in_the_reports_take_each_report_s_own_check_in(
+    client: redis.Redis, namespace: str, make_store: Stores
+) -> None:
+    store = make_store(client, namespace=namespace)
+    create(store)
+    batch = [
+        Report(request_id=rid, partition="p", fwd_pass=0, worker_graph_id="wg", rank=0,
+               num_ranks=1)
+        for rid in RIDS
+    ]  # fmt: skip
+    steps = [Step(MD, ("wg",))] * len(RIDS)
+    with pytest.raises(ValidationError, match="2 check_in values for 3 reports"):
+        store.record_worker_reports(batch, replica_id="me", then_steps=steps, check_in=[1, 2])
+    before = float(client.time()[0])
+    got = store.record_worker_reports(
+        batch, replica_id="me", then_steps=steps, check_in=[100.0, 200.0, None]
+    )
+    assert [g.stepped_to for g in got] == [1, 1, 1]
+    checks = [client.hget(store.keys.lease(rid), "check[p]") for rid in RIDS]
+    assert checks[2] is None  # None: no check time, recovery never looks at it
+    assert [round(float(c) - before, -2) for c in checks[:2]] == [100.0, 200.0]

@@ -267,19 +267,23 @@ def record_worker_reports(
     *,
     replica_id: str | None = None,
     then_steps: Sequence[Step | None] | None = None,
-    check_in: float | None = None,
+    check_in: float | Sequence[float | None] | None = None,
 ) -> Op[list[ReportOutcome | StoreError]]:
     """Apply many reports (of any requests) at once: pipelined to each Redis server (see
     ``store.ops.batch``), each going on as ``record_worker_report`` would on its own.
 
     ``then_steps`` (one per report, or None) are the steps to take in the same call when a
-    report completes its pass, as ``record_worker_report(then_step=...)`` does. The result
-    has one entry per report, in order: its outcome, or the ``StoreError`` it met (one bad
-    report does not fail the others).
+    report completes its pass, as ``record_worker_report(then_step=...)`` does, with
+    ``check_in`` (one for all, or one per report: a runtime spreads its deadlines). The
+    result has one entry per report, in order: its outcome, or the ``StoreError`` it met
+    (one bad report does not fail the others).
     """
     steps = list(then_steps) if then_steps is not None else [None] * len(reports)
     if len(steps) != len(reports):
         raise ValidationError(f"{len(steps)} then_steps for {len(reports)} reports")
+    check_ins = list(check_in) if isinstance(check_in, Sequence) else [check_in] * len(reports)
+    if len(check_ins) != len(reports):
+        raise ValidationError(f"{len(check_ins)} check_in values for {len(reports)} reports")
     return (
         yield from gather(
             [
@@ -297,9 +301,9 @@ def record_worker_reports(
                     replica_id=replica_id,
                     published=r.published,
                     then_step=step,
-                    check_in=check_in,
+                    check_in=each_check_in,
                 )
-                for r, step in zip(reports, steps, strict=True)
+                for r, step, each_check_in in zip(reports, steps, check_ins, strict=True)
             ]
         )
     )

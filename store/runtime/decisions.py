@@ -162,7 +162,7 @@ def apply_reports(
             for j, report in enumerate(batch):
                 predicted[j] = yield planner("predict_step", report)
         ahead = (
-            {"then_steps": predicted, "check_in": books.deadlines.check_in(1)}
+            {"then_steps": predicted, "check_in": [books.deadlines.check_in(1) for _ in batch]}
             if any(step is not None for step in predicted)
             else {}
         )
