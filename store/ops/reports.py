@@ -281,7 +281,10 @@ def record_worker_reports(
     steps = list(then_steps) if then_steps is not None else [None] * len(reports)
     if len(steps) != len(reports):
         raise ValidationError(f"{len(steps)} then_steps for {len(reports)} reports")
-    check_ins = list(check_in) if isinstance(check_in, Sequence) else [check_in] * len(reports)
+    if check_in is None or isinstance(check_in, int | float):
+        check_ins: list[float | None] = [check_in] * len(reports)
+    else:
+        check_ins = list(check_in)
     if len(check_ins) != len(reports):
         raise ValidationError(f"{len(check_ins)} check_in values for {len(reports)} reports")
     return (
