@@ -98,6 +98,7 @@ class AsyncRequestStore(StoreSettings):
     load_request = async_method(reads.load_request)
     load_record = async_method(reads.load_record)
     load_partition = async_method(reads.load_partition)
+    load_partitions = async_method(reads.load_partitions)
     load_connection = async_method(reads.load_connection)
     topology = async_method(reads.topology)
     # -- field writes

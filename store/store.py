@@ -177,6 +177,7 @@ class RequestStore(StoreSettings):
     load_request = sync_method(reads.load_request)
     load_record = sync_method(reads.load_record)
     load_partition = sync_method(reads.load_partition)
+    load_partitions = sync_method(reads.load_partitions)
     load_connection = sync_method(reads.load_connection)
     topology = sync_method(reads.topology)
     # -- field writes

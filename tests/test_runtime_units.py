@@ -22,6 +22,7 @@ from store import (
     ReportOutcome,
     RequestNotFound,
     Step,
+    StoreConnectionError,
     Timing,
 )
 from store.keys import KeySpace
@@ -421,6 +422,42 @@ def test_a_nudge_of_a_request_gone_reads_nothing_more() -> None:
     _, seen = drive(decisions.nudge_consumers(books(), "r", "p", None, PRODUCER),
                     {"load_partition": gone})  # fmt: skip
     assert calls(seen) == ["load_partition"]
+
+
+def test_a_batch_reads_the_consumers_its_steps_nudge_in_one_call() -> None:
+    """Three requests' producers step in one wave: their consumers are read in one
+    ``load_partitions``; one may be sent (read whole, sent), one was sent already by this
+    replica, and one could not be read (that report's entry is the error)."""
+    b = books()
+    b.sent("s", "q", 4)
+    step = Step(META, ("wg",))
+    reports = [report(rid, "p", 3) for rid in ("r", "s", "t")]
+    stepped = [
+        ReportOutcome(True, 1, True, True, lease=Lease(rid, "p", "me", 1, 3, 110.0), stepped_to=4)
+        for rid in ("r", "s", "t")
+    ]
+    down = StoreConnectionError("Redis unreachable", request_id="t")
+    sent: list[Any] = []
+    result, seen = drive(
+        decisions.apply_reports(b, reports, predict=True),
+        {"predict_step": step, "record_worker_reports": stepped, "topology": PRODUCER,
+         "dispatch": lambda call: sent.append(call.args[:3]),
+         "load_partitions": lambda call: (
+             [consumer(4), consumer(4), down]
+             if call.args[0] == [("r", "q"), ("s", "q"), ("t", "q")] else None
+         ),
+         "load_request": request(partition(4), consumer(4), conns=("p->q",)),
+         "runnable": True},
+    )  # fmt: skip
+    assert calls(seen).count("load_partitions") == 1
+    assert "load_partition" not in calls(seen)
+    assert [call.args for call in seen if getattr(call, "method", None) == "load_request"] == [
+        ("r",)
+    ]
+    drove = decisions.ReportResult(ReportStatus.APPLIED, drove=True, new_pass=4)
+    assert result == [drove, drove, down]
+    assert sent == [("r", "p", 4), ("s", "p", 4), ("t", "p", 4), ("r", "q", 4)]
+    assert b.counts["nudges"] == 1
 
 
 def test_a_claim_of_a_step_this_replica_drives_already_is_left_alone() -> None:

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mstar.conductor.request_info import PartitionState, StreamingConnectionState
-from store.errors import ConnectionNotFound, CorruptRecordError, PartitionNotFound, RequestNotFound
+from store.errors import (
+    ConnectionNotFound,
+    CorruptRecordError,
+    PartitionNotFound,
+    RequestNotFound,
+    StoreError,
+)
 from store.keys import split_connection_name, validate_name, validate_request_id
+from store.ops.batch import gather
 from store.ops.core import Core, Topology
 from store.ops.effects import Op
 from store.records import RequestRecord, RequestState
@@ -63,6 +72,15 @@ def load_partition(core: Core, request_id: str, partition_name: str) -> Op[Parti
     if not part:
         yield from core.raise_not_found(rid, PartitionNotFound, f"no partition {name!r}")
     return core.decode_partition(rid, name, part, pub)
+
+
+def load_partitions(
+    core: Core, partitions: Sequence[tuple[str, str]]
+) -> Op[list[PartitionState | StoreError]]:
+    """``load_partition`` of many (request id, partition name) pairs at once, pipelined to
+    each Redis server (``store.ops.batch``): one entry per pair, in order, the state or the
+    ``StoreError`` it met (a partition gone does not fail the others)."""
+    return (yield from gather([load_partition(core, rid, name) for rid, name in partitions]))
 
 
 def load_connection(core: Core, request_id: str, name: str) -> Op[StreamingConnectionState]:

@@ -149,13 +149,16 @@ def apply_reports(
 ) -> Program[list[ReportResult | StoreError]]:
     """``apply_report`` for many reports, batched: one call records a wave of them (with
     ``predict``, the reports that complete their pass take the predicted step in it), one
-    call takes the steps the others won. The results are those of applying them one at a
-    time, in order, so a wave never holds a report that, one at a time, would have come
-    after a step it takes part in: two reports of one request in a wave are of the same
-    partition and pass, and no report appears twice. An error that ``apply_report`` would
-    raise is that report's entry."""
+    call takes the steps the others won, one reads the streaming consumers the steps nudge
+    (``nudge_many``). The results are those of applying them one at a time, in order, so a
+    wave never holds a report that, one at a time, would have come after a step it takes
+    part in: two reports of one request in a wave are of the same partition and pass, and
+    no report appears twice. An error that ``apply_report`` would raise is that report's
+    entry."""
     results: list[ReportResult | StoreError | None] = [None] * len(reports)
     for wave in waves(reports):
+        nudges: list[Nudge] = []
+        nudged: list[int] = []  # the report of each nudge
         batch = [reports[i] for i in wave]
         predicted: list[Step | None] = [None] * len(batch)
         if predict:
@@ -182,26 +185,43 @@ def apply_reports(
                 if outcome.applied:
                     books.count("passes")
                 results[i] = yield from stepped(
-                    books, lease, ahead_step, outcome.stepped_to, status
+                    books, lease, ahead_step, outcome.stepped_to, status, nudges
                 )
+                if len(nudges) > len(nudged):  # this step left a nudge
+                    nudged.append(i)
                 continue
             step = yield planner(
                 "next_step", report.request_id, report.partition, outcome.partition
             )
             won.append((i, lease, status, step))
-        if not won:
-            continue
-        check_ins = [books.deadlines.check_in(1) for _ in won]
-        passes = yield store(
-            "take_steps",
-            [(lease, step, c) for (_, lease, _, step), c in zip(won, check_ins, strict=True)],
-        )
-        for (i, lease, status, step), new_pass in zip(won, passes, strict=True):
-            if isinstance(new_pass, StoreError):
-                results[i] = _lost_or_error(books, lease, new_pass)
-            else:
-                results[i] = yield from took_step(books, lease, step, new_pass, status)
+        if won:
+            yield from _take_won(books, won, results, nudges, nudged)
+        for i, error in zip(nudged, (yield from nudge_many(books, nudges)), strict=True):
+            if error is not None:
+                results[i] = _refused_or_error(error)
     return [r for r in results if r is not None]
+
+
+def _take_won(
+    books: Books,
+    won: list[tuple[int, Lease, ReportStatus, Step]],
+    results: list[ReportResult | StoreError | None],
+    nudges: list[Nudge],
+    nudged: list[int],
+) -> Program[None]:
+    """The steps a wave's reports won, taken in one call; their nudges left in ``nudges``."""
+    check_ins = [books.deadlines.check_in(1) for _ in won]
+    passes = yield store(
+        "take_steps",
+        [(lease, step, c) for (_, lease, _, step), c in zip(won, check_ins, strict=True)],
+    )
+    for (i, lease, status, step), new_pass in zip(won, passes, strict=True):
+        if isinstance(new_pass, StoreError):
+            results[i] = _lost_or_error(books, lease, new_pass)
+        else:
+            results[i] = yield from took_step(books, lease, step, new_pass, status, nudges)
+            if len(nudges) > len(nudged):  # this step left a nudge
+                nudged.append(i)
 
 
 def waves(reports: Sequence[Report]) -> list[list[int]]:
@@ -277,19 +297,40 @@ def _lost_or_error(books: Books, lease: Lease, error: StoreError) -> ReportResul
 
 
 def took_step(
-    books: Books, lease: Lease, step: Step, new_pass: int, status: ReportStatus
+    books: Books,
+    lease: Lease,
+    step: Step,
+    new_pass: int,
+    status: ReportStatus,
+    nudges: list[Nudge] | None = None,
 ) -> Program[ReportResult]:
     books.drop(lease)
     books.count("passes")
     yield Failpoint("after_step")
-    return (yield from stepped(books, lease, step, new_pass, status))
+    return (yield from stepped(books, lease, step, new_pass, status, nudges))
+
+
+@dataclass(frozen=True, slots=True)
+class Nudge:
+    """A step's nudge of its partition's streaming consumers, left for ``nudge_many``."""
+
+    rid: str
+    producer: str
+    state: RequestState | None
+    topology: Topology
 
 
 def stepped(
-    books: Books, lease: Lease, step: Step, new_pass: int, status: ReportStatus
+    books: Books,
+    lease: Lease,
+    step: Step,
+    new_pass: int,
+    status: ReportStatus,
+    nudges: list[Nudge] | None = None,
 ) -> Program[ReportResult]:
     """After a step: send the new pass, or finish the request if every partition is done;
-    then nudge the partition's streaming consumers."""
+    then nudge the partition's streaming consumers (or, given ``nudges``, leave the nudge
+    there for ``nudge_many``)."""
     rid, name = lease.request_id, lease.partition
     state: RequestState | None = None
     finished = False
@@ -306,7 +347,10 @@ def stepped(
     else:
         yield from dispatch(books, rid, name, new_pass, step)
         yield Failpoint("after_dispatch")
-    yield from nudge_consumers(books, rid, name, state, topology)
+    if nudges is None:
+        yield from nudge_consumers(books, rid, name, state, topology)
+    elif topology.outgoing(name):
+        nudges.append(Nudge(rid, name, state, topology))
     return ReportResult(status, drove=True, new_pass=new_pass, finished=finished)
 
 
@@ -380,12 +424,63 @@ def nudge_consumers(
     """
     topology = topology or (yield store("topology", rid))
     assert topology is not None
-    consumers = [conn.split("->", 1)[1] for conn in topology.outgoing(producer)]
+    consumers = consumers_of(topology, producer)
     if state is None:
         consumers = yield from _waiting(books, rid, consumers)
         state = (yield from load(rid)) if consumers else None
         if state is None:
             return
+    yield from _send_runnable(books, rid, consumers, state)
+
+
+def nudge_many(books: Books, nudges: Sequence[Nudge]) -> Program[list[StoreError | None]]:
+    """``nudge_consumers`` of many steps, the consumers' partitions of those without a state
+    read in one batched call; per nudge, the error that ``nudge_consumers`` would have
+    raised (None: none)."""
+    unread = [
+        (k, consumer)
+        for k, nudge in enumerate(nudges)
+        if nudge.state is None
+        for consumer in consumers_of(nudge.topology, nudge.producer)
+    ]
+    parts = (
+        (yield store("load_partitions", [(nudges[k].rid, c) for k, c in unread])) if unread else []
+    )
+    waiting: list[list[str]] = [[] for _ in nudges]
+    errors: list[StoreError | None] = [None] * len(nudges)
+    gone: set[int] = set()
+    for (k, consumer), part in zip(unread, parts, strict=True):
+        if isinstance(part, NotFoundError):
+            gone.add(k)  # the request is gone
+        elif isinstance(part, StoreError):
+            errors[k] = errors[k] or part
+        elif _may_send(books, nudges[k].rid, consumer, part):
+            waiting[k].append(consumer)
+    for k, nudge in enumerate(nudges):
+        if errors[k] is not None or k in gone:
+            continue
+        try:
+            if nudge.state is not None:
+                consumers = consumers_of(nudge.topology, nudge.producer)
+                yield from _send_runnable(books, nudge.rid, consumers, nudge.state)
+            elif waiting[k]:
+                state = yield from load(nudge.rid)
+                if state is not None:
+                    yield from _send_runnable(books, nudge.rid, waiting[k], state)
+        except StoreError as e:
+            errors[k] = e
+    return errors
+
+
+def consumers_of(topology: Topology, producer: str) -> list[str]:
+    """The partitions ``producer`` streams to."""
+    return [conn.split("->", 1)[1] for conn in topology.outgoing(producer)]
+
+
+def _send_runnable(
+    books: Books, rid: str, consumers: Sequence[str], state: RequestState
+) -> Program[None]:
+    """Send each consumer's current pass that may be sent (see ``_may_send``) and can run."""
     for name in consumers:
         part = state.partitions[name]
         if not _may_send(books, rid, name, part):
