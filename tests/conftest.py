@@ -39,6 +39,7 @@ from store.stats import Command, flush_commands
 from store.store import RequestStore
 from tests import backends
 from tests.backends import delete_namespace, redis_url_for_tests
+from tests.exclusive import share_the_machine  # noqa: F401  (an autouse fixture)
 from tests.servers import RedisCluster, RedisSentinel, RedisServer, redis_binaries_available
 from tests.stores import Stores, stores_of
 

@@ -46,6 +46,10 @@ from tests import backends
 from tests.backends import delete_namespace, redis_url_for_tests
 from tests.servers import free_port
 
+# Many processes contend for one partition and must all commit at default settings: no
+# other test's load beside them (see the ``exclusive`` fixture in conftest.py).
+pytestmark = pytest.mark.exclusive
+
 RID = "req-1"
 
 
