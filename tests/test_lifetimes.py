@@ -71,7 +71,7 @@ def test_no_key_outlives_a_finished_request(
     store = make_store(client, namespace=namespace)
     create(store, "kept")
     one_pass(store, "kept")
-    # Long enough that a loaded machine (CI runs the suite on 3 workers) reaches the SCAN
+    # Long enough that a loaded machine (CI runs the suite on 2 workers) reaches the SCAN
     # below before the first keys expire.
     store.finish_request("kept", keep_for=3.0)
     # Late writes after the finish create keys that did not exist yet (the dedupe set): they
