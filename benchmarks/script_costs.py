@@ -170,10 +170,12 @@ def ranks_table(client: redis.Redis, reports: int) -> list[str]:
                 rid, "p", fwd_pass=0, worker_graph_id="wg", rank=rank, num_ranks=HUGE_RANKS
             )
 
-        pipe = client.pipeline(transaction=False)
-        marks = ",".join(str(r) for r in range(n)) if n else ""
-        pipe.hset(store.keys.partition(rid, "p"), "_reports[wg]", f",{marks},")
-        pipe.execute()  # n ranks reported (the field as the script writes it), at once
+        marks = ",".join(str(r) for r in range(n))
+        # n ranks reported at once, in the field as the script writes it; a report of one
+        # of them must be a duplicate, or the table would measure nothing (the format moved)
+        client.hset(store.keys.partition(rid, "p"), "_reports[wg]", f",{marks},")
+        if report(n - 1).applied:
+            raise SystemExit("report.lua no longer keeps a pass's ranks in _reports[<wg>]")
         client.config_resetstat()
         for rank in range(n, n + reports):
             if not report(rank).applied:
