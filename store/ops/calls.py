@@ -259,10 +259,12 @@ class BusyWait:
         self._retry = retry
         self._where = where
         self._waits = 0
-        self._patience = Reconnect(give_up_after=retry.max_wait).patience()
+        self._patience: Patience | None = None  # made at the first wait: most never wait
 
     def pause(self) -> Op[None]:
         self._waits += 1
+        if self._patience is None:
+            self._patience = Reconnect(give_up_after=self._retry.max_wait).patience()
         if self._patience.next_pause() is None:
             raise TransactionConflictError(self._waits, **self._where)
         yield Sleep(self._retry.delay(self._waits))

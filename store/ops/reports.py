@@ -241,10 +241,10 @@ def _outcome(
             sends=int(reply[7]), sent_at=float(reply[8]),
         )  # fmt: skip
         if stepped is None:
-            part, pub = (_pairs(flat) for flat in reply[9:11])
+            part, pub = reply[9], reply[10]
 
             def stored() -> PartitionState:
-                return core.decode_partition(rid, name, part, pub)
+                return core.decode_partition(rid, name, _pairs(part), _pairs(pub))
 
     return ReportOutcome(
         applied=status == b"OK",
