@@ -328,3 +328,53 @@ def test_script_costs_replays_every_variant_and_every_rank_count(
         assert re.search(rf"{re.escape(name)}\s+\d+\.\d\s+[+-]\d+\.\d µs", out), (name, out)
     for n in script_costs.RANK_COUNTS:
         assert re.search(rf"{n:,} ranks\s+\d+\.\d\s+\d+\.\d\dx", out), (n, out)
+
+
+def test_client_cost_counts_one_unit_as_the_difference_of_two_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each workload runs for ``lo`` and ``hi`` units; a unit's cost is the difference over
+    ``hi - lo``, and each row's ratio is to its reference (fake callgrind output)."""
+    from benchmarks import client_cost
+
+    per = {"ping2": 100, "ping3": 150, "in_report": 250, "take_step": 330, "singles": 9000}
+    per["batched"] = 3000
+    calls: list[tuple[str, int]] = []
+
+    def fake(command: list[str], env: dict[str, str]) -> str:
+        what, units = command[-3], int(command[-2])
+        assert command[:2] == ["valgrind", "--tool=callgrind"] and env["PYTHONHASHSEED"] == "0"
+        calls.append((what, units))
+        return f"==1== Events    : Ir\n==1== Collected : {7_000_000 + per[what] * units}\n"
+
+    assert client_cost.main([], run=fake) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"pass: report\+report\(then_step\)\s+250\s+2\.50x", out), out
+    assert re.search(r"pass: report\+report\+take_step\s+330\s+2\.20x", out), out
+    assert re.search(r"64 passes, batched\s+3,000\s+0\.33x", out), out
+    assert ("batched", 1) in calls and ("batched", 5) in calls and ("ping2", 220) in calls
+    with pytest.raises(RuntimeError, match="no 'Collected' line"):
+        client_cost.collected("valgrind: command not found")
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize("what", ["ping2", "in_report", "take_step", "batched", "singles"])
+def test_client_cost_workloads_run_on_this_tree(what: str) -> None:
+    """What the counts measure still runs (checked passes), without valgrind: the child
+    script as client_cost starts it, on this tree's store."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from benchmarks import client_cost
+    from tests.servers import RedisServer
+
+    with tempfile.TemporaryDirectory() as tmp, RedisServer(Path(tmp)) as server:
+        env = {**os.environ, "PYTHONPATH": str(client_cost.REPO)}
+        command = [sys.executable, str(client_cost.CHILD), what, "2", server.url]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        left = redis.Redis.from_url(server.url).dbsize()
+        assert left == 0, f"{left} keys left behind"

@@ -1,0 +1,95 @@
+"""One workload of ``benchmarks.client_cost``, run under callgrind: ``WHAT UNITS URL``.
+
+Run by path with ``PYTHONPATH`` set to the tree being measured, so that its own ``store``
+and ``benchmarks`` are imported (a worktree of another revision, or this one). Sets up,
+runs one unit outside the count's difference (connected, scripts loaded, topologies
+cached), then ``UNITS`` more, and removes its keys.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+del sys.path[0]  # this file's folder: its modules are imported as benchmarks.*, from the tree
+
+import uuid  # noqa: E402
+from collections import Counter  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import redis  # noqa: E402
+
+Unit = Callable[[int], None]
+
+
+def _pings(client: Any, n: int) -> Unit:
+    def unit(_: int) -> None:
+        for _ in range(n):
+            client.ping()
+
+    return unit
+
+
+def _pass(store: Any, then_step: bool) -> Unit:
+    from benchmarks.scenarios.fastpath import current_pass
+    from benchmarks.shapes import pass_request
+
+    pass_request().create(store, "r0")
+    run = current_pass(then_step=then_step)
+
+    def unit(p: int) -> None:
+        failed = run(store, "r0", p)
+        if failed:
+            raise RuntimeError(f"pass {p}: {failed}")
+
+    return unit
+
+
+def _passes(store: Any, batched: bool) -> Unit:
+    from benchmarks.scenarios.batch import BATCH, Passes
+    from benchmarks.shapes import pass_request
+
+    rids = [f"r{i}" for i in range(BATCH)]
+    for rid in rids:
+        pass_request().create(store, rid)
+    passes, counters = Passes(batched), Counter[str]()
+
+    def unit(p: int) -> None:
+        failed = passes.run(store, rids, p, counters)
+        if failed:
+            raise RuntimeError(f"pass {p}: {failed}")
+
+    return unit
+
+
+def main(what: str, units: int, url: str) -> None:
+    from store import RequestStore
+
+    client = redis.Redis.from_url(url)
+    namespace = f"client-cost-{uuid.uuid4().hex[:8]}"
+    store = RequestStore(client, namespace=namespace)
+    try:
+        unit = {
+            "ping2": lambda: _pings(client, 2),
+            "ping3": lambda: _pings(client, 3),
+            "in_report": lambda: _pass(store, then_step=True),
+            "take_step": lambda: _pass(store, then_step=False),
+            "batched": lambda: _passes(store, batched=True),
+            "singles": lambda: _passes(store, batched=False),
+        }[what]()
+        unit(0)  # warm: connected, scripts loaded, topologies cached
+        # What the start left (imports, the store's tables) is not the pass's: out of the
+        # collector's way, so a full collection landing in one run does not count for it.
+        gc.collect()
+        gc.freeze()
+        for p in range(1, units + 1):
+            unit(p)
+    finally:
+        for key in client.scan_iter(f"{namespace}:*", count=1000):
+            client.delete(key)
+        client.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
