@@ -9,16 +9,19 @@ cached), then ``UNITS`` more, and removes its keys.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 
-del sys.path[0]  # this file's folder: its modules are imported as benchmarks.*, from the tree
+# This file's folder (unless -P kept it out): its modules are benchmarks.*, from the tree.
+if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
 
-import uuid  # noqa: E402
-from collections import Counter  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
-import redis  # noqa: E402
+import redis
 
 Unit = Callable[[int], None]
 
