@@ -86,20 +86,28 @@ def collected(stderr: str) -> int:
     return int(found.group(1))
 
 
+def child_command(child: str, units: int, url: str) -> list[str]:
+    """The child that runs ``units`` of workload ``child`` (under callgrind, in ``per_unit``)."""
+    return [sys.executable, str(CHILD), child, str(units), url]
+
+
+def child_env(tree: Path) -> dict[str, str]:
+    """The child's environment: ``tree``'s store and workloads, a fixed hash seed."""
+    return {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(tree)}
+
+
 def per_unit(
     workload: Workload, tree: Path, url: str, run: Runner = run_process, scale: int = 1
 ) -> float:
-    """Instructions of one unit of ``workload`` with ``tree``'s store: (hi - lo) / units."""
+    """Instructions of one unit of ``workload`` with ``tree``'s store: the count at ``hi``
+    units less the count at ``lo``, over ``hi - lo``."""
     lo = workload.lo
     hi = lo + max(1, (workload.hi - lo) // scale)
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(tree)}
-    counts = []
-    for units in (lo, hi):
-        command = [
-            "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-            sys.executable, str(CHILD), workload.child, str(units), url,
-        ]  # fmt: skip
-        counts.append(collected(run(command, env)))
+    valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+    counts = [
+        collected(run(valgrind + child_command(workload.child, units, url), child_env(tree)))
+        for units in (lo, hi)
+    ]
     return (counts[1] - counts[0]) / (hi - lo)
 
 
@@ -124,7 +132,7 @@ def chosen(only: list[str] | None) -> list[Workload]:
 def main(argv: Iterable[str] | None = None, run: Runner = run_process) -> int:
     args = parse_args(argv)
     if run is run_process and shutil.which("valgrind") is None:
-        print("valgrind is not installed: it counts the instructions", file=sys.stderr)
+        _log("valgrind is not installed: it counts the instructions")
         return 2
     workloads = chosen(args.only)
     scale = QUICK_SCALE if args.quick else 1
@@ -133,9 +141,9 @@ def main(argv: Iterable[str] | None = None, run: Runner = run_process) -> int:
         server = stack.enter_context(RedisServer(workdir))
         trees = {"this tree": REPO}
         if args.against:
-            other = stack.enter_context(worktree.checkout(args.against, print))
+            other = stack.enter_context(worktree.checkout(args.against, _log))
             if other.path is None:
-                print(f"--against skipped: {other.skipped}", file=sys.stderr)
+                _log(f"--against skipped: {other.skipped}")
             else:
                 trees[args.against] = other.path
         counts: dict[tuple[str, str], float | str] = {}
@@ -145,7 +153,7 @@ def main(argv: Iterable[str] | None = None, run: Runner = run_process) -> int:
                     counts[w.name, label] = per_unit(w, tree, server.url, run, scale)
                 except RuntimeError as e:
                     counts[w.name, label] = f"not measured: {e}"
-                print(f"  {w.name} ({label}): {_shown(counts[w.name, label])}", file=sys.stderr)
+                _log(f"  {w.name} ({label}): {_shown(counts[w.name, label])}")
     print(table(workloads, counts, args.against if len(trees) > 1 else None))
     return 0 if all(isinstance(v, float) for v in counts.values()) else 1
 
@@ -170,6 +178,10 @@ def table(
             lines.append(f"    {mine}")
     units = "instructions per pass (per pair or triple of PINGs), client process, user space"
     return "\n".join([*lines, f"({units}; reference: {_references(workloads)})"])
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr)  # stdout holds the table
 
 
 def _references(workloads: list[Workload]) -> str:

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 
 import fakeredis
 import pytest
 import redis
 
-from benchmarks import report, server, stalls, wire
+from benchmarks import client_cost, report, server, stalls, wire
 from benchmarks.harness import REFERENCE_KEY, Bench, Check, Pool, Row, Spec, arrange, fastest_ratio
 from benchmarks.scenarios import aio, baseline, fastpath, runtime, store_ops
 from store import RequestStore
 from store.ops.effects import Collect, Commit, Disconnected, Send, SendMany, Sleep, Watch, Write
 from tests.conftest import redis_url_for_tests
+from tests.servers import RedisServer
 
 
 def test_a_call_stalled_for_minutes_is_flagged_while_p99_looks_normal() -> None:
@@ -335,8 +338,6 @@ def test_client_cost_counts_one_unit_as_the_difference_of_two_runs(
 ) -> None:
     """Each workload runs for ``lo`` and ``hi`` units; a unit's cost is the difference over
     ``hi - lo``, and each row's ratio is to its reference (fake callgrind output)."""
-    from benchmarks import client_cost
-
     per = {"ping2": 100, "ping3": 150, "in_report": 250, "take_step": 330, "singles": 9000}
     per["batched"] = 3000
     calls: list[tuple[str, int]] = []
@@ -358,23 +359,16 @@ def test_client_cost_counts_one_unit_as_the_difference_of_two_runs(
 
 
 @pytest.mark.servers
-@pytest.mark.parametrize("what", ["ping2", "in_report", "take_step", "batched", "singles"])
-def test_client_cost_workloads_run_on_this_tree(what: str) -> None:
+@pytest.mark.parametrize("what", [w.child for w in client_cost.WORKLOADS])
+def test_client_cost_workloads_run_on_this_tree(what: str, tmp_path: Path) -> None:
     """What the counts measure still runs (checked passes), without valgrind: the child
-    script as client_cost starts it, on this tree's store."""
-    import os
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
-
-    from benchmarks import client_cost
-    from tests.servers import RedisServer
-
-    with tempfile.TemporaryDirectory() as tmp, RedisServer(Path(tmp)) as server:
-        env = {**os.environ, "PYTHONPATH": str(client_cost.REPO)}
-        command = [sys.executable, str(client_cost.CHILD), what, "2", server.url]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    as client_cost starts it, on this tree's store."""
+    with RedisServer(tmp_path) as server:
+        command = client_cost.child_command(what, 2, server.url)
+        done = subprocess.run(
+            command, env=client_cost.child_env(client_cost.REPO), capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
         left = redis.Redis.from_url(server.url).dbsize()
         assert left == 0, f"{left} keys left behind"
