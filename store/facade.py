@@ -64,7 +64,10 @@ class sync_method(Generic[P, T]):
             core = store._core
             if core.open_check_pending and core.take_open_check():
                 run(warn_if_evicting(core))  # type: ignore[arg-type]
-            with core.instruments.operation(name, _request_id(args, kwargs)):
+            instruments = core.instruments
+            if not instruments.recording():
+                return run(op(core, *args, **kwargs))
+            with instruments.operation(name, _request_id(args, kwargs)):
                 return run(op(core, *args, **kwargs))
 
         _present(function, op)
@@ -98,7 +101,10 @@ class async_method(Generic[P, T]):
             core = store._core
             if core.open_check_pending and core.take_open_check():
                 await run(warn_if_evicting(core))  # type: ignore[arg-type]
-            with core.instruments.operation(name, _request_id(args, kwargs)):
+            instruments = core.instruments
+            if not instruments.recording():
+                return await run(op(core, *args, **kwargs))
+            with instruments.operation(name, _request_id(args, kwargs)):
                 return await run(op(core, *args, **kwargs))
 
         _present(function, op)

@@ -160,11 +160,16 @@ class Instruments:
         A plain sync context manager, for sync code and inside ``async def`` alike. When the
         block raises, the duration and the span carry ``error.type``; the exception goes on.
         """
-        if not self._settled and time.monotonic() >= self._recheck_at:
-            self.refresh()
-        if self._live:
+        if self.recording():
             return _Operation(self, name, request_id)
         return _NO_OPERATION
+
+    def recording(self) -> bool:
+        """Whether operations are recorded (a tracer or a meter is set): when not, a store
+        skips ``operation`` and what it would be given."""
+        if not self._settled and time.monotonic() >= self._recheck_at:
+            self.refresh()
+        return self._live
 
     def count(self, counter: str, n: int = 1) -> None:
         """Add ``n`` to a counter of ``COUNTERS`` (by short name, e.g. ``"retries"``)."""

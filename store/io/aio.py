@@ -130,7 +130,7 @@ class AsyncExecutor:
     async def run(self, op: Op[T]) -> T:
         """Drive ``op`` to its result, performing each effect it yields."""
         held: Held | None = None  # the connection of a pending WATCH
-        pipes: _Pipes = Pipelines()  # the connections of writes not collected yet
+        pipes: _Pipes | None = None  # the connections of writes not collected yet
         value: Any = None
         error: BaseException | None = None
         task = asyncio.current_task()
@@ -148,14 +148,17 @@ class AsyncExecutor:
                     return stop.value  # type: ignore[no-any-return]
                 error = None
                 try:
-                    if isinstance(effect, Send):
+                    if type(effect) is Send:  # most operations: one send, then their result
                         value = await self._send(effect)
-                    elif isinstance(effect, SendMany):
-                        value = await self._send_many(pipes, effect.sends)
-                    elif isinstance(effect, Write):
-                        value = await self._write_sends(pipes, effect.sends)
-                    elif isinstance(effect, Collect):
-                        value = await self._collect(pipes, effect.ticket)
+                    elif isinstance(effect, (SendMany, Write, Collect)):
+                        if pipes is None:
+                            pipes = Pipelines()
+                        if isinstance(effect, SendMany):
+                            value = await self._send_many(pipes, effect.sends)
+                        elif isinstance(effect, Write):
+                            value = await self._write_sends(pipes, effect.sends)
+                        else:
+                            value = await self._collect(pipes, effect.ticket)
                     elif isinstance(effect, Watch):
                         endpoint = await self._endpoint(effect.key, None)
                         held = (endpoint, await endpoint.take())
@@ -187,8 +190,8 @@ class AsyncExecutor:
             if held is not None:  # ended (or cancelled) with a WATCH pending: do not reuse
                 await _close(held[1])
                 await held[0].give_back(held[1])
-            for endpoint, conn in pipes.abandoned():  # replies unread: do not reuse
-                await _close(conn)
+            for endpoint, conn in pipes.abandoned() if pipes is not None else ():
+                await _close(conn)  # replies unread: do not reuse
                 await endpoint.give_back(conn)
 
     # -- connections ---------------------------------------------------------------------

@@ -123,7 +123,7 @@ class SyncExecutor:
     def run(self, op: Op[T]) -> T:
         """Drive ``op`` to its result, performing each effect it yields."""
         held: tuple[_Endpoint, Any] | None = None  # the connection of a pending WATCH
-        pipes: _Pipes = Pipelines()  # the connections of writes not collected yet
+        pipes: _Pipes | None = None  # the connections of writes not collected yet
         value: Any = None
         error: BaseException | None = None
         try:
@@ -134,14 +134,17 @@ class SyncExecutor:
                     return stop.value  # type: ignore[no-any-return]
                 error = None
                 try:
-                    if isinstance(effect, Send):
+                    if type(effect) is Send:  # most operations: one send, then their result
                         value = self._send(effect)
-                    elif isinstance(effect, SendMany):
-                        value = self._send_many(pipes, effect.sends)
-                    elif isinstance(effect, Write):
-                        value = self._write_sends(pipes, effect.sends)
-                    elif isinstance(effect, Collect):
-                        value = self._collect(pipes, effect.ticket)
+                    elif isinstance(effect, (SendMany, Write, Collect)):
+                        if pipes is None:
+                            pipes = Pipelines()
+                        if isinstance(effect, SendMany):
+                            value = self._send_many(pipes, effect.sends)
+                        elif isinstance(effect, Write):
+                            value = self._write_sends(pipes, effect.sends)
+                        else:
+                            value = self._collect(pipes, effect.ticket)
                     elif isinstance(effect, Watch):
                         held = self._take(effect.key, None)
                         value = self._exchange(held, effect.commands)
@@ -174,8 +177,8 @@ class SyncExecutor:
             if held is not None:  # the operation ended with a WATCH pending: do not reuse
                 held[1].disconnect()
                 held[0].give_back(held[1])
-            for endpoint, conn in pipes.abandoned():  # replies unread: do not reuse
-                conn.disconnect()
+            for endpoint, conn in pipes.abandoned() if pipes is not None else ():
+                conn.disconnect()  # replies unread: do not reuse
                 endpoint.give_back(conn)
 
     # -- connections ---------------------------------------------------------------------
@@ -213,12 +216,17 @@ class SyncExecutor:
             _raise_mapped(e, held[0].address)
 
     def _send(self, send: Send) -> list[Any]:
-        held = self._take(send.key, send.node)
+        endpoint = self._single if not self.cluster else self._endpoint(send.key, send.node)
+        conn = endpoint.take()
         try:
-            replies = self._exchange(held, with_asking(send.commands, send.asking))
+            if send.asking:
+                return round_trip(conn, with_asking(send.commands, True))[1:]
+            return round_trip(conn, send.commands)
+        except BaseException as e:
+            conn.disconnect()
+            _raise_mapped(e, endpoint.address)
         finally:
-            held[0].give_back(held[1])
-        return replies[1:] if send.asking else replies
+            endpoint.give_back(conn)
 
     def _send_many(self, pipes: _Pipes, sends: Sequence[Send]) -> list[Any]:
         """One write per server, all written before any is read; a server that fails

@@ -117,7 +117,7 @@ def send(
     reconnect: Reconnect = DEFAULT_RECONNECT,
 ) -> Op[list[Any]]:
     """The replies of ``commands`` sent in one write to ``key``'s server; see the module."""
-    patience = reconnect.patience()
+    patience: Patience | None = None  # made at the first failure: most calls meet none
     redirects = 0
     node: tuple[str, int] | None = None
     asking = False
@@ -125,6 +125,7 @@ def send(
         try:
             replies: list[Any] = yield Send(key, commands, node, asking)
         except Disconnected as e:
+            patience = patience or reconnect.patience()
             pause = patience.next_pause()
             if pause is None:
                 raise StoreConnectionError(
@@ -144,6 +145,7 @@ def send(
             node, asking = None, False
             yield RefreshSlots()
         else:  # transient: wait for the server or the cluster to settle
+            patience = patience or reconnect.patience()
             pause = patience.next_pause()
             if pause is None:
                 raise StoreConnectionError(
