@@ -48,7 +48,8 @@ from store.schema import SCHEMA_VERSION
 SET, MAX = "S", "M"
 _NIL = msgspec.msgpack.encode(None)
 
-Part = tuple[str, str, bytes]  # (SET or MAX, part name, value)
+# An info's parts, flat as the merge script takes them: SET or MAX, part name, value, ...
+Parts = list[Any]
 Where = dict[str, "str | None"]
 
 
@@ -99,16 +100,16 @@ class _KVParts:
     kind = "kv"
     cls = PublishedKVInfo
 
-    def parts(self, info: Any, where: Where) -> list[Part]:
+    def parts(self, info: Any, where: Where) -> Parts:
         world_size = info.world_size
         if world_size not in WORLD_SIZE:
             check_int(world_size, WORLD_SIZE, what="kv world_size", **where)
-        out: list[Part] = [(MAX, "world_size", str(world_size).encode())]
+        out: Parts = [MAX, "world_size", str(world_size).encode()]
         for rank, labels in _items(info.info, "kv info", where):
             if rank not in KV_RANK:
                 check_int(rank, KV_RANK, what="kv rank", **where)
             rank_text = str(rank)
-            out.append((SET, rank_text, b""))
+            out += [SET, rank_text, b""]
             for cache, seq in _items(labels, f"kv rank {rank}", where):
                 if type(cache) is not str:
                     raise ValidationError(f"kv cache labels must be str, got {cache!r}", **where)
@@ -116,7 +117,7 @@ class _KVParts:
                     value = encode_sequence(seq)
                 except (TypeError, ValueError, OverflowError, RecursionError) as e:
                     raise ValidationError(f"kv rank {rank} {cache!r}: {e}", **where) from e
-                out.append((SET, f"{rank_text}:{cache}", value))
+                out += [SET, f"{rank_text}:{cache}", value]
         return out
 
     def assemble(self, parts: Mapping[bytes, bytes], where: Where) -> Any:
@@ -151,8 +152,8 @@ class _PositionParts:
     kind = "position"
     cls = PublishedPositionInfo
 
-    def parts(self, info: Any, where: Where) -> list[Part]:
-        out: list[Part] = []
+    def parts(self, info: Any, where: Where) -> Parts:
+        out: Parts = []
         for label, position in _items(info.counters, "position counters", where):
             if type(label) is not str:
                 raise ValidationError(
@@ -160,7 +161,7 @@ class _PositionParts:
                 )
             if position not in POSITION:
                 check_int(position, POSITION, what=f"position {label!r}", **where)
-            out.append((MAX, label, str(position).encode()))
+            out += [MAX, label, str(position).encode()]
         return out
 
     def assemble(self, parts: Mapping[bytes, bytes], where: Where) -> Any:
@@ -235,12 +236,10 @@ class PublishLayout:
     def _split(self, info: Any) -> _KVParts | _PositionParts | None:
         return _SPLITS.get(type(info))
 
-    def _parts(self, split: _KVParts | _PositionParts, info: Any, where: Where) -> list[Part]:
+    def _parts(self, split: _KVParts | _PositionParts, info: Any, where: Where) -> Parts:
         """``info``'s parts, within the payload limit an info stored whole would meet."""
         parts = split.parts(info, where)
-        size = 0
-        for _, part, value in parts:
-            size += len(part) + len(value)
+        size = sum(map(len, parts[1::3])) + sum(map(len, parts[2::3]))
         if size > self.codec.max_payload_bytes:
             raise PayloadTooLargeError(size, self.codec.max_payload_bytes, **where)
         return parts
@@ -252,7 +251,8 @@ class PublishLayout:
         if split is None:
             return {label: self.codec.encode_kind(info, **where)}
         fields = {label: self._headers[split.kind]}
-        for _, part, value in self._parts(split, info, where):
+        parts = self._parts(split, info, where)
+        for part, value in zip(parts[1::3], parts[2::3], strict=True):
             fields[f"{label}[{part}]"] = value
         return fields
 
@@ -266,9 +266,8 @@ class PublishLayout:
             if split is None:
                 return None
             parts = self._parts(split, info, {**where, "field": label})
-            args += [label, self._headers[split.kind], len(parts)]
-            for op, part, value in parts:
-                args += [op, part, value]
+            args += [label, self._headers[split.kind], len(parts) // 3]
+            args += parts
         return ServerMerge(args)
 
     def decode(

@@ -123,9 +123,11 @@ class Codec:
         msgspec encodes by the value's own type, so a value of another type than declared is
         refused here: it would be written fine and then fail every read.
         """
-        if type_ is not None and not conforms(value, type_):
+        if type_ is None:
+            type_ = type(value)
+        elif type(value) is not type_ and not conforms(value, type_):  # the class: conforms
             raise EncodeError(f"expected {type_name(type_)}, got {type(value).__name__}", **where)
-        return self._encode(value, self._plan(type(value) if type_ is None else type_), (), where)
+        return self._encode(value, self._plans.get(type_) or self._plan(type_), (), where)
 
     def _encode(
         self, value: Any, plan: _Plan, header: tuple[Any, ...], where: dict[str, str | None]

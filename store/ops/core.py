@@ -417,7 +417,9 @@ class Core:
         layout = self.partition_layout
         encoded = layout.encode_field("metadata", metadata, request_id=rid, key=key)
         wgs = list(worker_graph_ids)
-        layout.encode_field("current_worker_graph_ids", set(wgs), request_id=rid, key=key)
+        for wg in wgs:
+            if type(wg) is not str:  # the layout's check says what is wrong
+                layout.encode_field("current_worker_graph_ids", set(wgs), request_id=rid, key=key)
         return encoded["metadata"], wgs
 
     def encode_infos(

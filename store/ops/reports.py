@@ -67,18 +67,14 @@ def record_worker_report(
     """
     rid = validate_request_id(request_id)
     name = validate_name(partition_name, what="partition name", request_id=rid)
-    keys = core.keys
-    key = keys.partition(rid, name)
-    where = {"request_id": rid, "key": key}
-    check_int = domains.check_int
-    check_int(fwd_pass, domains.PASS, what="fwd_pass", **where)
-    check_int(num_ranks, domains.RANKS, what="num_ranks", **where)
-    check_int(rank, domains.RANK, what="rank", **where)
-    check_int(new_tokens, domains.TOKENS, what="new_tokens", **where)
-    if rank >= num_ranks:
-        raise ValidationError(
-            f"rank {rank} is outside a worker graph of {num_ranks} ranks", request_id=rid
-        )
+    prefix = core.keys.request_prefix(rid)
+    key = prefix + "part:" + name
+    if not (
+        type(fwd_pass) is int and type(rank) is int and type(num_ranks) is int
+        and type(new_tokens) is int and 0 <= rank < num_ranks < _EXACT
+        and 0 <= fwd_pass < _EXACT and 0 <= new_tokens < _EXACT
+    ):  # fmt: skip
+        _refuse_numbers(rid, key, fwd_pass, num_ranks, rank, new_tokens)
     if (
         type(worker_graph_id) is not str
         or not 0 < len(worker_graph_id) <= MAX_WORKER_GRAPH_ID_LENGTH
@@ -88,35 +84,28 @@ def record_worker_report(
         )
     consumed = dict(consumed) if consumed else {}
     output_names = list(output_names) if output_names else []
-    if rank != 0 and (new_tokens or consumed or output_names):
-        raise ValidationError(
-            f"only the rank-0 report carries tokens, consumed counts and outputs (got rank {rank})",
-            request_id=rid,
-            key=key,
-        )
-    for output in output_names:
-        if not isinstance(output, str):
-            raise ValidationError("output names must be str", request_id=rid, key=key)
-    for conn_name, count in consumed.items():
-        check_int(count, domains.TOKENS, what=f"consumed[{conn_name}]", **where)
-    holder = check_replica_id(replica_id, rid)
-    step_args = _step_args(core, rid, key, then_step, check_in, holder)
+    if consumed or output_names or (rank != 0 and new_tokens):
+        _check_rank_zero_extras(rid, key, rank, consumed, output_names)
+    holder = "" if replica_id is None else check_replica_id(replica_id, rid)
+    step_args = (
+        _NO_STEP if then_step is None else _step_args(core, rid, key, then_step, check_in, holder)
+    )
     merge_args: list[Any] = []
     if published:
         published = dict(published)
-        merge = core.published.server_merge(
-            published, request_id=rid, key=keys.publish_info(rid, name)
-        )
+        merge = core.published.server_merge(published, request_id=rid, key=prefix + "pub:" + name)
         if merge is None:  # a kind with its own update: the optimistic path, guarded
             yield from _merge_first(core, rid, name, published, fwd_pass, worker_graph_id, rank)
         else:
             merge_args = merge.args
-    prefix = keys.request_prefix(rid)
-    fixed_keys = [key, prefix + "lease", prefix + "pub:" + name, prefix + "merging:" + name]
-    fixed_keys += [prefix + "history", core.index_key(rid)]
+    fixed_keys = [
+        key, prefix + "lease", prefix + "pub:" + name, prefix + "merging:" + name,
+        prefix + "history", core.index_key(rid),
+    ]  # fmt: skip
     for attempt in range(2):
         outgoing: tuple[str, ...] = ()
         fed: list[str] = []
+        script_keys = fixed_keys
         if new_tokens or consumed or (then_step is not None and then_step.done):
             topology = yield from core.topology(rid)
             outgoing, incoming = topology.outgoing(name), topology.incoming(name)
@@ -132,13 +121,18 @@ def record_worker_report(
                     key=key,
                 )
             fed = [c for c in incoming if c in consumed]
-        script_keys = fixed_keys + [prefix + "conn:" + c for c in (*outgoing, *fed)]
+            script_keys = fixed_keys + [prefix + "conn:" + c for c in (*outgoing, *fed)]
         args: list[Any] = [
             VERSION, fwd_pass, worker_graph_id, rank, num_ranks, new_tokens,
             len(outgoing), len(fed), name, holder, core.lease_ttl, core.history_cap,
             len(output_names), merge_args[0] if merge_args else 0, *step_args.fixed,
-            *(consumed[c] for c in fed), *output_names, *step_args.wgs, *merge_args[1:],
         ]  # fmt: skip
+        if fed:
+            args += [consumed[c] for c in fed]
+        args += output_names
+        args += step_args.wgs
+        if merge_args:
+            args += merge_args[1:]
         try:
             reply = yield from _run_report(core, rid, script_keys, args, step_args)
         except ConnectionNotFound:
@@ -153,6 +147,43 @@ def record_worker_report(
             continue
         return _outcome(core, rid, name, fwd_pass, worker_graph_id, holder, reply)
     raise AssertionError("unreachable")
+
+
+_EXACT = domains.LUA_EXACT  # every number of a report is below it (see _refuse_numbers)
+
+
+def _refuse_numbers(
+    rid: str, key: str, fwd_pass: Any, num_ranks: Any, rank: Any, new_tokens: Any
+) -> None:
+    """Raise the ``ValidationError`` that a report's numbers call for."""
+    where = {"request_id": rid, "key": key}
+    check_int = domains.check_int
+    check_int(fwd_pass, domains.PASS, what="fwd_pass", **where)
+    check_int(num_ranks, domains.RANKS, what="num_ranks", **where)
+    check_int(rank, domains.RANK, what="rank", **where)
+    check_int(new_tokens, domains.TOKENS, what="new_tokens", **where)
+    raise ValidationError(
+        f"rank {rank} is outside a worker graph of {num_ranks} ranks", request_id=rid
+    )
+
+
+def _check_rank_zero_extras(
+    rid: str, key: str, rank: int, consumed: dict[str, Any], output_names: list[Any]
+) -> None:
+    """Only rank 0 carries tokens, consumed counts and output names, each of its type."""
+    if rank != 0:
+        raise ValidationError(
+            f"only the rank-0 report carries tokens, consumed counts and outputs (got rank {rank})",
+            request_id=rid,
+            key=key,
+        )
+    for output in output_names:
+        if not isinstance(output, str):
+            raise ValidationError("output names must be str", request_id=rid, key=key)
+    for conn_name, count in consumed.items():
+        domains.check_int(
+            count, domains.TOKENS, what=f"consumed[{conn_name}]", request_id=rid, key=key
+        )
 
 
 _NO_CONNECTIONS = Topology((), ())
@@ -170,10 +201,8 @@ _NO_STEP = _StepArgs(["", "", "", "", 0], [])
 
 
 def _step_args(
-    core: Core, rid: str, key: str, step: Step | None, check_in: float | None, holder: str
+    core: Core, rid: str, key: str, step: Step, check_in: float | None, holder: str
 ) -> _StepArgs:
-    if step is None:
-        return _NO_STEP
     if not holder:
         raise ValidationError("then_step needs replica_id: the step is taken under its lease")
     metadata, wgs = core.encode_step(rid, key, step.metadata, step.worker_graph_ids)
@@ -185,20 +214,20 @@ def _run_report(
     core: Core, rid: str, keys: list[str], args: list[Any], step: _StepArgs
 ) -> Op[list[Any]]:
     """The report script; BUSY (an optimistic merge holds the partition) waits and retries."""
-    stepping = step.fixed[0] == "1"
+    check = step.fixed[3] if step.fixed[0] == "1" else None
     partition, holder = args[8], args[9]
-    waiting = core.busy_waiting(keys[2], request_id=rid)
+    indexing = holder and not core.scripts_write_index  # on a cluster: see store/ops/leases
+    waiting = None
     while True:
-        alongside = report_hint(core, rid, partition, holder, step.fixed[3] if stepping else None)
+        alongside = report_hint(core, rid, partition, holder, check) if indexing else ()
         reply: list[Any] = yield from core.run(
             rid, "report", keys, args, PartitionNotFound, alongside=alongside
         )
         if reply[0] != b"BUSY":
-            if holder:
-                yield from index_after_report(
-                    core, rid, partition, reply, step.fixed[3] if stepping else None
-                )
+            if indexing:
+                yield from index_after_report(core, rid, partition, reply, check)
             return reply
+        waiting = waiting or core.busy_waiting(keys[2], request_id=rid)
         yield from waiting.pause()  # an optimistic merge holds the partition: it goes first
 
 
