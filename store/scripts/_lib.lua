@@ -35,10 +35,6 @@ local function inherit_ttl(key, record)
   if ttl > 0 and redis.call('PTTL', key) == -1 then redis.call('PEXPIRE', key, ttl) end
 end
 
--- inherit_ttl for the history stream, once per script run: its later appends cannot
--- change what the first one found.
-local history_ttl_done = false
-
 -- Was the operation `op_id` applied already? (ops: sorted set of op id -> time applied)
 local function op_seen(ops_key, op_id)
   return redis.call('ZSCORE', ops_key, op_id) ~= false
@@ -60,16 +56,19 @@ end
 -- `fields` is a flat list of field, value pairs (an empty value: does not apply; no nil).
 -- The stream is trimmed to about `cap` entries on about one append in a hundred (when the
 -- entry's milliseconds end in 00), which costs far less than trimming on every append.
+-- A stream that exists expires with its request already (finish_request sets the TTL of
+-- every key it holds, and the write that makes a stream afterwards copies it), so only a
+-- new one looks at its record's TTL: the common append is one call.
 local function history(key, cap, record, fields)
   if cap == '0' then return end
-  local id = redis.call('XADD', key, '*', unpack(fields))
+  local id = redis.call('XADD', key, 'NOMKSTREAM', '*', unpack(fields))
+  if not id then
+    id = redis.call('XADD', key, '*', unpack(fields))
+    inherit_ttl(key, record)
+  end
   local dash = string.find(id, '-', 1, true)
   if string.byte(id, dash - 1) == 48 and string.byte(id, dash - 2) == 48 then
     redis.call('XTRIM', key, 'MAXLEN', '~', cap)
-  end
-  if not history_ttl_done then
-    inherit_ttl(key, record)
-    history_ttl_done = true
   end
 end
 
@@ -231,9 +230,13 @@ end
 -- End p's lease (its step was sent) and set when recovery looks at p next: `check_in`
 -- seconds from t, or never ('' : p is done).
 -- `books`: more field, value pairs to set in the lease hash with it (the step's
--- bookkeeping), in the same write.
-local function end_lease(lease_key, p, t, check_in, index, books)
-  local doomed = {'holder[' .. p .. ']', 'expires[' .. p .. ']', 'pass[' .. p .. ']'}
+-- bookkeeping), in the same write. `held` false: p's lease fields are known to be gone
+-- already (a lease granted and ended in one script), so there is nothing of them to delete.
+local function end_lease(lease_key, p, t, check_in, index, books, held)
+  local doomed = {}
+  if held ~= false then
+    doomed = {'holder[' .. p .. ']', 'expires[' .. p .. ']', 'pass[' .. p .. ']'}
+  end
   local sets = books or {}
   local at = nil
   if check_in == '' then
@@ -243,7 +246,7 @@ local function end_lease(lease_key, p, t, check_in, index, books)
     sets[#sets + 1] = 'check[' .. p .. ']'
     sets[#sets + 1] = at
   end
-  redis.call('HDEL', lease_key, unpack(doomed))
+  if #doomed > 0 then redis.call('HDEL', lease_key, unpack(doomed)) end
   if #sets > 0 then redis.call('HSET', lease_key, unpack(sets)) end
   index_check(index, lease_key, p, at)
 end

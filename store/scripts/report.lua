@@ -78,7 +78,6 @@ if held[2] ~= ARGV[2] then
 end
 if not held[3] then return {'NOWG'} end
 
-local t = now()
 local count = tonumber(held[5] or '0')
 local marks = held[4] or ','
 if held[10] or string.find(marks, ',' .. rank .. ',', 1, true) then
@@ -86,7 +85,7 @@ if held[10] or string.find(marks, ',' .. rank .. ',', 1, true) then
   local completed = held[9] == rank .. ':' .. wg or held[10] == 'C'
   local token, expires = 0, 0
   if completed and replica ~= '' then
-    local holder, held_token, held_expires = live_lease(lease, p, t)
+    local holder, held_token, held_expires = live_lease(lease, p, now())
     if holder == replica and redis.call('HGET', lease, 'pass[' .. p .. ']') == ARGV[2] then
       token, expires = tonumber(held_token), held_expires
     end
@@ -156,8 +155,16 @@ end
 -- The report that completes the pass and takes the step at once (the common decode pass)
 -- writes the partition once: the step clears every per-pass field the report would set.
 -- A completing report named by a replica gets the lease on the next step, unless the
--- request is finished (its pass completes, but nobody is to drive the next step).
-local grants = pass_complete == 1 and replica ~= '' and not redis.call('HGET', lease, 'finished')
+-- request is finished (its pass completes, but nobody is to drive the next step). One read
+-- of the lease hash serves the grant: whether the request is finished, the fencing token
+-- (the new one is written with the step's bookkeeping), whether p's last lease is still
+-- held (its fields to end) and p's check time (on a cluster, see below).
+local books
+if pass_complete == 1 and replica ~= '' then
+  books = redis.call('HMGET', lease, 'finished', 'token', 'holder[' .. p .. ']',
+                     'check[' .. p .. ']')
+end
+local grants = books and not books[1]
 local step_now = grants and ARGV[15] == '1' and held[11]
 if not step_now then redis.call('HSET', part, unpack(sets)) end
 if tokens ~= 0 then
@@ -179,13 +186,19 @@ end
 
 -- On a cluster the store writes the index entry of the lease granted here; it needs to know
 -- whether p had one (every check time has one) or must be given one now.
-local had_check = 1
-if KEYS[6] == lease and not redis.call('HGET', lease, 'check[' .. p .. ']') then had_check = 0 end
+local had_check = (KEYS[6] ~= lease or books[4]) and 1 or 0
+local t = now()
 if step_now then
   -- The lease granted and ended in one go: the lease hash ends as grant_lease, the step's
-  -- bookkeeping and end_lease would leave it, in three writes instead of six (and the
-  -- index entry once).
-  local token = redis.call('HINCRBY', lease, 'token', 1)
+  -- bookkeeping and end_lease would leave it, in one write (two while p's last lease is
+  -- still held: its fields go) instead of six, and the index entry once.
+  local token = plus_one(books[2] or '0')
+  local token_field = {}
+  if token then
+    token_field = {'token', token}
+  else  -- beyond what Lua counts exactly: HINCRBY says
+    token = redis.call('HINCRBY', lease, 'token', 1)
+  end
   local expires = t + tonumber(ARGV[11])
   local wgs = {}
   for i = first_wg, first_label - 1 do wgs[#wgs + 1] = ARGV[i] end
@@ -195,7 +208,8 @@ if step_now then
   end_lease(lease, p, t, ARGV[18], KEYS[6], {
     'token[' .. p .. ']', token, 'stepped[' .. p .. ']', ARGV[2] .. ':' .. token,
     'sends[' .. p .. ']', 1, 'sent[' .. p .. ']', t,
-    'stepped_by[' .. p .. ']', ARGV[2] .. ':' .. rank .. ':' .. wg .. ':' .. replica})
+    'stepped_by[' .. p .. ']', ARGV[2] .. ':' .. rank .. ':' .. wg .. ':' .. replica,
+    unpack(token_field)}, books[3] ~= false)
   history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', new_pass,
     'replica', replica, 'outcome', 'applied', 'token', token})
   return {'OK', count, wg_complete, 1, token, exact(expires), new_pass, 1, exact(t), {}, {},
