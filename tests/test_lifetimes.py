@@ -74,9 +74,9 @@ def test_no_key_outlives_a_finished_request(
     # Long enough that a loaded machine (CI runs the suite on 2 workers) reaches the SCAN
     # below before the first keys expire.
     store.finish_request("kept", keep_for=3.0)
-    # Late writes after the finish create keys that did not exist yet (the dedupe set): they
-    # expire with the request.
-    client.delete(store.keys.ops("kept"))
+    # Late writes after the finish create keys that did not exist yet (the dedupe set, a
+    # history stream made anew): they expire with the request.
+    client.delete(store.keys.ops("kept"), store.keys.history("kept"))
     store.add_tokens("kept", CONN, 1, op_id="late")
     store.record_worker_report("kept", "codec", fwd_pass=0, worker_graph_id="wg-c", rank=0,
                                num_ranks=1)  # fmt: skip
