@@ -268,6 +268,16 @@ BAD_ARGUMENTS: list[tuple[str, Callable[[RequestStore], Any], str]] = [
         "resource label",
     ),
     (
+        "report label with '['",
+        lambda st: report(st, published={"kv[0]": PublishedPositionInfo()}),
+        "resource label",
+    ),
+    (
+        "report label of the store's",
+        lambda st: report(st, published={"_kv": PublishedPositionInfo({"a": 1})}),
+        "resource label",
+    ),
+    (
         "update int field",
         lambda st: st.update_partition(RID, "llm", fwd_pass_number="2"),
         "expected int",

@@ -25,7 +25,6 @@ shape, or a missing world size, is corrupt too, never read as a default.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -215,13 +214,6 @@ class MergedInfos(Mapping[str, PublishedInfo]):
         return f"MergedInfos({self._held()!r})"
 
 
-@dataclass(frozen=True)
-class ServerMerge:
-    """Arguments of ``merge_parts.lua`` for a merge the server can apply by itself."""
-
-    args: list[Any]
-
-
 class PublishLayout:
     """Encodes published infos to publish-info hash fields and decodes them back."""
 
@@ -258,17 +250,22 @@ class PublishLayout:
 
     def server_merge(
         self, other: Mapping[str, PublishedInfo], **where: str | None
-    ) -> ServerMerge | None:
-        """The script arguments when every info in ``other`` is a kind the server merges."""
+    ) -> list[Any] | None:
+        """The arguments of a server-side merge (``merge_parts.lua``, ``report.lua``): the
+        number of labels, then per label its name, header, number of parts and the parts;
+        None unless every info in ``other`` is a kind the server merges."""
         args: list[Any] = [len(other)]
+        headers = self._headers
         for label, info in other.items():
-            split = self._split(info)
+            split = _SPLITS.get(type(info))
             if split is None:
                 return None
-            parts = self._parts(split, info, {**where, "field": label})
-            args += [label, self._headers[split.kind], len(parts) // 3]
+            at = {**where, "field": label}
+            check_label(label, **at)
+            parts = self._parts(split, info, at)
+            args += [label, headers[split.kind], len(parts) // 3]
             args += parts
-        return ServerMerge(args)
+        return args
 
     def decode(
         self,

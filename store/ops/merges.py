@@ -69,7 +69,7 @@ def merge_publish_info(
             keys.partition(rid, name), pub, keys.ops(rid), keys.merging(rid, name),
             keys.history(rid),
         ]  # fmt: skip
-        args = [VERSION, op, core.dedupe_window, core.history_cap, name, *server.args]
+        args = [VERSION, op, core.dedupe_window, core.history_cap, name, *server]
         waiting = core.busy_waiting(pub, request_id=rid)
         while True:
             reply, *read = yield from core.run(
