@@ -95,21 +95,34 @@ def _shown(raw: bytes) -> str:
     return raw[:100].decode("utf-8", "backslashreplace")
 
 
+_WORLD_SIZES = (WORLD_SIZE.low, WORLD_SIZE.high)
+_KV_RANKS = (KV_RANK.low, KV_RANK.high)
+
+
 class _KVParts:
     kind = "kv"
     cls = PublishedKVInfo
 
     def parts(self, info: Any, where: Where) -> Parts:
+        # The checks inline for the common case (plain dicts, numbers in their domains);
+        # only a value that fails one goes to the check that says what is wrong.
         world_size = info.world_size
-        if world_size not in WORLD_SIZE:
+        low, high = _WORLD_SIZES
+        if type(world_size) is not int or not low <= world_size < high:
             check_int(world_size, WORLD_SIZE, what="kv world_size", **where)
         out: Parts = [MAX, "world_size", str(world_size).encode()]
-        for rank, labels in _items(info.info, "kv info", where):
-            if rank not in KV_RANK:
+        ranks = info.info
+        low, high = _KV_RANKS
+        for rank, labels in (
+            ranks.items() if type(ranks) is dict else _items(ranks, "kv info", where)
+        ):
+            if type(rank) is not int or not low <= rank < high:
                 check_int(rank, KV_RANK, what="kv rank", **where)
             rank_text = str(rank)
             out += [SET, rank_text, b""]
-            for cache, seq in _items(labels, f"kv rank {rank}", where):
+            for cache, seq in (
+                labels.items() if type(labels) is dict else _items(labels, f"kv rank {rank}", where)
+            ):
                 if type(cache) is not str:
                     raise ValidationError(f"kv cache labels must be str, got {cache!r}", **where)
                 try:

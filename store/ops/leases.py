@@ -154,8 +154,11 @@ def _step(
 ) -> Op[list[Any]]:
     rid, name = lease.request_id, lease.partition
     keys = core.keys
-    script_keys = [keys.partition(rid, name), keys.lease(rid), keys.history(rid)]
-    script_keys += [core.index_key(rid), *(keys.connection(rid, c) for c in conns)]
+    script_keys = [
+        keys.partition(rid, name), keys.lease(rid), keys.history(rid), core.index_key(rid)
+    ]  # fmt: skip
+    if conns:
+        script_keys += [keys.connection(rid, c) for c in conns]
     check = check_in_arg(check_in, rid)
     args = [
         VERSION, lease.pass_number, name, lease.token, lease.holder, metadata, done, check,

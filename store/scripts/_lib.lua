@@ -2,6 +2,8 @@
 -- Every script checks all it needs before its first write: Redis runs a script atomically but
 -- does not roll back one that fails half way, so a script either writes whole or not at all.
 -- Times are the server's clock (TIME), in seconds: every replica sees the same one.
+-- A value that is a string already goes to redis.call as that string: Redis formats every
+-- number argument with %.17g, which costs about as much as a call's own argument.
 local unpack = unpack or table.unpack
 local VERSION_FIELD = '_v'
 local LUA_EXACT = 9007199254740992  -- 2**53: Lua numbers are doubles, exact below this

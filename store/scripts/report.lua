@@ -168,7 +168,7 @@ local grants = books and not books[1]
 local step_now = grants and ARGV[15] == '1' and held[11]
 if not step_now then redis.call('HSET', part, unpack(sets)) end
 if tokens ~= 0 then
-  for i = 7, last_out do redis.call('HINCRBY', KEYS[i], 'token_count', tokens) end
+  for i = 7, last_out do redis.call('HINCRBY', KEYS[i], 'token_count', ARGV[6]) end
 end
 for i = 1, n_in do
   local conn, consumed = KEYS[last_out + i], tonumber(ARGV[19 + i])
@@ -207,7 +207,7 @@ if step_now then
                            {held[11], held[7], held[12], extra})
   end_lease(lease, p, t, ARGV[18], KEYS[6], {
     'token[' .. p .. ']', token, 'stepped[' .. p .. ']', ARGV[2] .. ':' .. token,
-    'sends[' .. p .. ']', 1, 'sent[' .. p .. ']', t,
+    'sends[' .. p .. ']', '1', 'sent[' .. p .. ']', t,
     'stepped_by[' .. p .. ']', ARGV[2] .. ':' .. rank .. ':' .. wg .. ':' .. replica,
     unpack(token_field)}, books[3] ~= false)
   history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', new_pass,
@@ -225,7 +225,7 @@ end
 local wgs = {}
 for i = first_wg, first_label - 1 do wgs[#wgs + 1] = ARGV[i] end
 local new_pass = advance(part, ARGV[2], ARGV[16], ARGV[17], wgs, 7, last_out)
-redis.call('HSET', lease, 'stepped[' .. p .. ']', ARGV[2] .. ':' .. token, 'sends[' .. p .. ']', 1,
+redis.call('HSET', lease, 'stepped[' .. p .. ']', ARGV[2] .. ':' .. token, 'sends[' .. p .. ']', '1',
            'sent[' .. p .. ']', t,
            'stepped_by[' .. p .. ']', ARGV[2] .. ':' .. rank .. ':' .. wg .. ':' .. replica)
 end_lease(lease, p, t, ARGV[18], KEYS[6])

@@ -57,7 +57,7 @@ if advancing then
   for i = 11, #ARGV do wgs[#wgs + 1] = ARGV[i] end
   current = advance(part, ARGV[2], ARGV[6], ARGV[7], wgs, 5, #KEYS, {held[3], held[4], held[5]})
   sends = 1
-  written = {'stepped[' .. p .. ']', stepped, 'sends[' .. p .. ']', 1, 'sent[' .. p .. ']', t}
+  written = {'stepped[' .. p .. ']', stepped, 'sends[' .. p .. ']', '1', 'sent[' .. p .. ']', t}
 elseif ARGV[10] == '1' then
   sends = tonumber(books[3] or '0') + 1
   written = {'sends[' .. p .. ']', sends, 'sent[' .. p .. ']', t}
