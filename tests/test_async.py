@@ -167,3 +167,18 @@ async def test_from_url_over_a_unix_socket(tmp_redis: RedisServer, namespace: st
         await create(store, "unix")
         assert await store.list_requests() == ["unix"]
         assert await store.delete_request("unix")
+
+
+@pytest.mark.fake
+def test_the_connection_methods_the_executor_writes_through_are_there() -> None:
+    """store.io.aio writes through redis-py's unbounded ``_send_packed_command`` (its own
+    bound covers the whole exchange, see ``_bounded``); a redis-py that drops or renames it
+    must fail here, not in production. (tests/faults/test_pause.py checks the bound.)"""
+    import inspect
+
+    from redis.asyncio.connection import AbstractConnection
+
+    send = AbstractConnection._send_packed_command
+    assert inspect.iscoroutinefunction(send)
+    assert list(inspect.signature(send).parameters) == ["self", "command"]
+    assert isinstance(AbstractConnection.__dict__.get("is_connected"), property)

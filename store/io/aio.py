@@ -10,7 +10,9 @@ script or one MULTI..EXEC, nothing half written.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -287,11 +289,37 @@ class AsyncExecutor:
 
 async def round_trip(conn: Any, commands: Sequence[Command]) -> list[Any]:
     """Send ``commands`` in one write and read every reply; error replies come back as values."""
-    await conn.send_packed_command(pack(conn, commands), check_health=False)
+    async with _bounded(conn):
+        await _send(conn, pack(conn, commands))
+        return await _replies(conn, commands)
+
+
+def _bounded(conn: Any) -> asyncio.Timeout | contextlib.nullcontext[None]:
+    """One deadline, the connection's socket timeout, for a whole exchange.
+
+    redis-py bounds each write itself with ``asyncio.wait_for`` (a task per write) and each
+    reply with a timeout of its own: together about a quarter of the client's CPU of a
+    round trip. So the executor writes through the connection's unbounded
+    ``_send_packed_command`` (redis-py 6.1 to 8; tests/test_async.py checks it is there),
+    reads with ``timeout=math.inf`` (no bound of redis-py's own since 8), and bounds the
+    exchange once here. A connection cut off by the deadline is closed by the caller.
+    """
+    timeout = conn.socket_timeout
+    return asyncio.timeout(timeout) if timeout else contextlib.nullcontext()
+
+
+async def _send(conn: Any, packed: Any) -> None:
+    if conn.is_connected:
+        await conn._send_packed_command(packed)
+    else:  # redis-py connects it first (a cluster node makes its connections lazily)
+        await conn.send_packed_command(packed, check_health=False)
+
+
+async def _replies(conn: Any, commands: Sequence[Command]) -> list[Any]:
     replies: list[Any] = []
     for command in commands:
         try:
-            reply = await conn.read_response()
+            reply = await conn.read_response(timeout=math.inf)
         except rex.ResponseError as e:
             replies.append(error_reply(e))
         else:
@@ -309,8 +337,10 @@ async def _exchange(held: Held, commands: Sequence[Command]) -> list[Any]:
 
 
 async def _write(held: Held, commands: Sequence[Command]) -> None:
+    conn = held[1]
     try:
-        await held[1].send_packed_command(pack(held[1], commands), check_health=False)
+        async with _bounded(conn):
+            await _send(conn, pack(conn, commands))
     except BaseException as e:
         await _close(held[1])
         _raise_mapped(e, held[0].address)
@@ -319,15 +349,9 @@ async def _write(held: Held, commands: Sequence[Command]) -> None:
 async def _read(held: Held, send: Send) -> list[Any]:
     """The replies of one send among those written on ``held``."""
     conn = held[1]
-    replies: list[Any] = []
     try:
-        for command in with_asking(send.commands, send.asking):
-            try:
-                reply = await conn.read_response()
-            except rex.ResponseError as e:
-                replies.append(error_reply(e))
-            else:
-                replies.append(reply_value(reply, command))
+        async with _bounded(conn):
+            replies = await _replies(conn, with_asking(send.commands, send.asking))
     except BaseException as e:
         await _close(conn)
         _raise_mapped(e, held[0].address)
