@@ -15,8 +15,16 @@ local function now()
 end
 
 -- A time as a reply carries it, every digit kept (tostring keeps 14: ~100 us at today's epoch).
+-- Also how Redis writes a number given to redis.call: a time written and returned, or
+-- written twice, is formatted once with it.
 local function exact(x)
   return string.format('%.17g', x)
+end
+
+-- An integer the script computed, as text: cheaper than the %.17g Redis formats a number
+-- argument with, and formatted once where the value is written more than once.
+local function digits(n)
+  return string.format('%d', n)
 end
 
 -- nil when every key exists as a record of schema version `version`; else the status that
@@ -183,9 +191,10 @@ local function index_check(index, lease_key, p, at)
 end
 
 -- Grant partition p's lease to `holder`, raising the request's fencing token.
+-- Returns the token and the lease's expiry, as text (every digit, see exact).
 local function grant_lease(lease_key, p, holder, t, ttl, pass, index)
   local token = redis.call('HINCRBY', lease_key, 'token', 1)
-  local expires = t + tonumber(ttl)
+  local expires = exact(t + tonumber(ttl))  -- written three times
   redis.call('HSET', lease_key, 'holder[' .. p .. ']', holder, 'token[' .. p .. ']', token,
              'expires[' .. p .. ']', expires, 'pass[' .. p .. ']', pass,
              'check[' .. p .. ']', expires)
@@ -244,7 +253,7 @@ local function end_lease(lease_key, p, t, check_in, index, books, held)
   if check_in == '' then
     doomed[#doomed + 1] = 'check[' .. p .. ']'
   else
-    at = t + tonumber(check_in)
+    at = exact(t + tonumber(check_in))  -- written twice: the lease hash and the index
     sets[#sets + 1] = 'check[' .. p .. ']'
     sets[#sets + 1] = at
   end
@@ -263,8 +272,8 @@ end
 -- Move partition `part` (name p) from pass `from_pass` to the next one: per-pass sets and
 -- counts reset, `metadata` replaces the old, the pass number and the seed go up by one;
 -- `done` also sets is_done and producer_done on every outgoing connection (KEYS first_out
--- onwards). `wgs` are the next pass's worker graphs. Returns the new pass number. The
--- caller has checked everything: this only writes.
+-- onwards). `wgs` are the next pass's worker graphs. Returns the new pass number (and as
+-- text, when Lua counted it). The caller has checked everything: this only writes.
 local function advance(part, from_pass, metadata, done, wgs, first_out, last_out, known)
   -- known: what the caller read already ({_wgs, curr_forward_outputs, random_seed}), and
   -- fields it wants written with the new pass (known[4]).
@@ -288,7 +297,7 @@ local function advance(part, from_pass, metadata, done, wgs, first_out, last_out
                             'wg_rank_completions', 'curr_forward_outputs', '_reports',
                             '_completer'})
   end
-  local fields = {'metadata', metadata, '_pending', #wgs, '_wgs', join_ids(wgs)}
+  local fields = {'metadata', metadata, '_pending', digits(#wgs), '_wgs', join_ids(wgs)}
   for _, id in ipairs(wgs) do
     fields[#fields + 1] = 'current_worker_graph_ids[' .. id .. ']'
     fields[#fields + 1] = '1'
@@ -297,13 +306,15 @@ local function advance(part, from_pass, metadata, done, wgs, first_out, last_out
   -- The two counters go up by one in the same HSET where Lua counts them exactly (HINCRBY
   -- otherwise, which also refuses a value that is not an integer, as it always did).
   local new_pass, seed = plus_one(from_pass), plus_one(held[3] or '0')
+  local pass_text
   if new_pass then
+    pass_text = digits(new_pass)
     fields[#fields + 1] = 'fwd_pass_number'
-    fields[#fields + 1] = new_pass
+    fields[#fields + 1] = pass_text
   end
   if seed then
     fields[#fields + 1] = 'random_seed'
-    fields[#fields + 1] = seed
+    fields[#fields + 1] = digits(seed)
   end
   redis.call('HSET', part, unpack(fields))
   if not new_pass then new_pass = redis.call('HINCRBY', part, 'fwd_pass_number', 1) end
@@ -312,7 +323,7 @@ local function advance(part, from_pass, metadata, done, wgs, first_out, last_out
     redis.call('HSET', part, 'is_done', '1')
     for i = first_out, last_out do redis.call('HSET', KEYS[i], 'producer_done', '1') end
   end
-  return new_pass
+  return new_pass, pass_text or new_pass
 end
 
 -- Merges the server applies itself (see store/codec/published.py): ARGV[first..] holds

@@ -44,5 +44,4 @@ token, granted = grant_lease(lease, p, ARGV[3], t, ARGV[4], current, KEYS[5])
 history(KEYS[3], ARGV[5], KEYS[2], {'op', 'claim', 'partition', p, 'pass', current,
   'replica', ARGV[3], 'outcome', 'applied', 'token', token})
 local sends, sent = bookkeeping()
-return {'OK', token, current, redis.call('HGET', KEYS[2], 'is_done'), exact(granted),
-        sends, sent}
+return {'OK', token, current, redis.call('HGET', KEYS[2], 'is_done'), granted, sends, sent}

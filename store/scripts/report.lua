@@ -195,30 +195,31 @@ if step_now then
   local token = plus_one(books[2] or '0')
   local token_field = {}
   if token then
-    token_field = {'token', token}
+    token_field = {'token', digits(token)}
   else  -- beyond what Lua counts exactly: HINCRBY says
     token = redis.call('HINCRBY', lease, 'token', 1)
   end
+  local token_text, t_text = digits(token), exact(t)  -- each written more than once
   local expires = t + tonumber(ARGV[11])
   local wgs = {}
   for i = first_wg, first_label - 1 do wgs[#wgs + 1] = ARGV[i] end
   local extra = tokens ~= 0 and {'num_output_tokens', tonumber(held[6] or '0') + tokens} or {}
-  local new_pass = advance(part, ARGV[2], ARGV[16], ARGV[17], wgs, 7, last_out,
-                           {held[11], held[7], held[12], extra})
+  local new_pass, pass_text = advance(part, ARGV[2], ARGV[16], ARGV[17], wgs, 7, last_out,
+                                      {held[11], held[7], held[12], extra})
   end_lease(lease, p, t, ARGV[18], KEYS[6], {
-    'token[' .. p .. ']', token, 'stepped[' .. p .. ']', ARGV[2] .. ':' .. token,
-    'sends[' .. p .. ']', '1', 'sent[' .. p .. ']', t,
+    'token[' .. p .. ']', token_text, 'stepped[' .. p .. ']', ARGV[2] .. ':' .. token_text,
+    'sends[' .. p .. ']', '1', 'sent[' .. p .. ']', t_text,
     'stepped_by[' .. p .. ']', ARGV[2] .. ':' .. rank .. ':' .. wg .. ':' .. replica,
     unpack(token_field)}, books[3] ~= false)
-  history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', new_pass,
-    'replica', replica, 'outcome', 'applied', 'token', token})
-  return {'OK', count, wg_complete, 1, token, exact(expires), new_pass, 1, exact(t), {}, {},
+  history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', pass_text,
+    'replica', replica, 'outcome', 'applied', 'token', token_text})
+  return {'OK', count, wg_complete, 1, token, exact(expires), new_pass, 1, t_text, {}, {},
           had_check}
 end
 local token, expires = grant_lease(lease, p, replica, t, ARGV[11], ARGV[2], KEYS[6])
 if ARGV[15] ~= '1' then
   local books = redis.call('HMGET', lease, 'sends[' .. p .. ']', 'sent[' .. p .. ']')
-  return {'OK', count, wg_complete, 1, token, exact(expires), 0, books[1] or 0,
+  return {'OK', count, wg_complete, 1, token, expires, 0, books[1] or 0,
           books[2] or '0', redis.call('HGETALL', part), redis.call('HGETALL', pub), had_check}
 end
 -- The step taken at once: the caller knew it before the pass completed.
@@ -231,5 +232,5 @@ redis.call('HSET', lease, 'stepped[' .. p .. ']', ARGV[2] .. ':' .. token, 'send
 end_lease(lease, p, t, ARGV[18], KEYS[6])
 history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', new_pass,
   'replica', replica, 'outcome', 'applied', 'token', token})
-return {'OK', count, wg_complete, 1, token, exact(expires), new_pass, 1, exact(t), {}, {},
+return {'OK', count, wg_complete, 1, token, expires, new_pass, 1, exact(t), {}, {},
         had_check}

@@ -52,10 +52,12 @@ if fenced then
 end
 
 local sends, written
+local shown = current  -- the pass as text, for history
 if advancing then
   local wgs = {}
   for i = 11, #ARGV do wgs[#wgs + 1] = ARGV[i] end
-  current = advance(part, ARGV[2], ARGV[6], ARGV[7], wgs, 5, #KEYS, {held[3], held[4], held[5]})
+  current, shown = advance(part, ARGV[2], ARGV[6], ARGV[7], wgs, 5, #KEYS,
+                           {held[3], held[4], held[5]})
   sends = 1
   written = {'stepped[' .. p .. ']', stepped, 'sends[' .. p .. ']', '1', 'sent[' .. p .. ']', t}
 elseif ARGV[10] == '1' then
@@ -68,6 +70,6 @@ end
 end_lease(lease, p, t, ARGV[8], KEYS[4], written)
 history(KEYS[3], ARGV[9], part, {'op', advancing and 'step' or (ARGV[10] == '1' and 'resend'
   or 'release'), 'partition', p,
-  'pass', current, 'replica', ARGV[5], 'outcome', 'applied', 'token', ARGV[4],
+  'pass', shown, 'replica', ARGV[5], 'outcome', 'applied', 'token', ARGV[4],
   'detail', ARGV[7] == '1' and 'partition done' or ''})
 return {'OK', current, sends}
