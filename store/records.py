@@ -74,7 +74,8 @@ class ReportOutcome:
     resend, while the lease is live) and ``partition`` the partition as stored right after
     the report, publish info included, to plan the step from (decoded on first access: a
     conductor that plans without it does not pay for it). With ``then_step`` the step was
-    taken in the same call: ``stepped_to`` is the new pass, and the lease has ended.
+    taken in the same call: ``stepped_to`` is the new pass, and the lease has ended;
+    ``consumers`` then holds the partitions it streams to as they stand after the step.
     """
 
     applied: bool
@@ -84,11 +85,23 @@ class ReportOutcome:
     lease: Lease | None = None
     stepped_to: int | None = None
     stored: Callable[[], PartitionState] | None = field(default=None, repr=False, compare=False)
+    stored_consumers: Callable[[], dict[str, PartitionState]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @cached_property
     def partition(self) -> PartitionState | None:
         """The partition as stored right after the report (with a lease only)."""
         return None if self.stored is None else self.stored()
+
+    @cached_property
+    def consumers(self) -> dict[str, PartitionState] | None:
+        """After a step taken with the report (``stepped_to``): the partitions this one
+        streams to, by name, as they stand right after the step and without their published
+        infos (``resource_publish_info`` is empty: their KV pages are not sent back with
+        every step). What a conductor needs to decide whether a consumer's pass can be sent
+        now, without reading it; None otherwise. Decoded on first access."""
+        return None if self.stored_consumers is None else self.stored_consumers()
 
 
 @dataclass(frozen=True)

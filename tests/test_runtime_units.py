@@ -424,6 +424,60 @@ def test_a_nudge_of_a_request_gone_reads_nothing_more() -> None:
     assert calls(seen) == ["load_partition"]
 
 
+def test_a_step_taken_in_the_report_nudges_from_the_consumers_it_brought_back() -> None:
+    """The report that took its step came back with the consumer as the step left it
+    (``ReportOutcome.consumers``): the nudge decides from that and reads no partition; the
+    whole request is read only for a consumer that may be sent."""
+    step = Step(META, ("wg",))
+
+    def took(consumer_now: PartitionState) -> ReportOutcome:
+        return ReportOutcome(
+            True, 1, True, True, Lease("r", "p", "me", 1, 3, 110.0), stepped_to=4,
+            stored_consumers=lambda: {"q": consumer_now},
+        )  # fmt: skip
+
+    b = books()
+    b.sent("r", "q", 4)  # sent by this replica already: nothing to do
+    _, seen = drive(
+        decisions.apply_report(b, report("r", "p", 3), predict=True),
+        {"predict_step": step, "record_worker_report": took(consumer(4)), "topology": PRODUCER,
+         "dispatch": None},
+    )  # fmt: skip
+    assert calls(seen) == ["predict_step", "record_worker_report", "topology", "dispatch"]
+    sent: list[Any] = []
+    _, seen = drive(
+        decisions.apply_report(books(), report("r", "p", 3), predict=True),
+        {"predict_step": step, "record_worker_report": took(consumer(4)), "topology": PRODUCER,
+         "dispatch": lambda call: sent.append(call.args[:3]),
+         "load_request": request(partition(4), consumer(4), conns=("p->q",)), "runnable": True},
+    )  # fmt: skip
+    assert "load_partition" not in calls(seen)
+    assert sent == [("r", "p", 4), ("r", "q", 4)]
+
+
+def test_a_batch_nudges_from_the_consumers_its_steps_brought_back() -> None:
+    """As one at a time: the steps taken in a wave's reports brought their consumers back,
+    so no ``load_partitions`` is sent for them."""
+    b = books()
+    b.sent("s", "q", 4)
+    step = Step(META, ("wg",))
+    reports = [report(rid, "p", 3) for rid in ("r", "s")]
+    stepped = [
+        ReportOutcome(True, 1, True, True, Lease(rid, "p", "me", 1, 3, 110.0), stepped_to=4,
+                      stored_consumers=lambda: {"q": consumer(4)})
+        for rid in ("r", "s")
+    ]  # fmt: skip
+    sent: list[Any] = []
+    _, seen = drive(
+        decisions.apply_reports(b, reports, predict=True),
+        {"predict_step": step, "record_worker_reports": stepped, "topology": PRODUCER,
+         "dispatch": lambda call: sent.append(call.args[:3]),
+         "load_request": request(partition(4), consumer(4), conns=("p->q",)), "runnable": True},
+    )  # fmt: skip
+    assert "load_partitions" not in calls(seen) and "load_partition" not in calls(seen)
+    assert sent == [("r", "p", 4), ("s", "p", 4), ("r", "q", 4)]
+
+
 def test_a_batch_reads_the_consumers_its_steps_nudge_in_one_call() -> None:
     """Three requests' producers step in one wave: their consumers are read in one
     ``load_partitions``; one may be sent (read whole, sent), one was sent already by this

@@ -577,6 +577,46 @@ def test_a_resent_report_that_took_its_step_says_so_with_the_fence(
     assert store.load_record("r1").finished_at
 
 
+def test_a_step_taken_in_the_report_returns_the_consumers_as_it_left_them(
+    store: RequestStore,
+) -> None:
+    """llm streams to codec: the report that completes llm's pass and takes its step comes
+    back with codec's partition as it stands right after the step (its infos left out), the
+    same as reading it; a report that took no step, or a resend, has none; a partition that
+    streams nowhere has none to give."""
+    create_two_partitions(store)
+    store.merge_publish_info("r1", "codec", {"pos": PublishedPositionInfo({"a": 3})})
+    store.record_worker_report(
+        "r1", "codec", fwd_pass=0, worker_graph_id="wg-codec", rank=0, num_ranks=1,
+    )  # fmt: skip
+    step = Step(DECODE, ("wg-llm",))
+
+    def report(rank: int) -> Any:
+        return store.record_worker_report(
+            "r1", "llm", fwd_pass=0, worker_graph_id="wg-llm", rank=rank, num_ranks=2,
+            new_tokens=2 if rank == 0 else 0, replica_id="a", then_step=step, check_in=30.0,
+        )  # fmt: skip
+
+    first = report(0)
+    assert first.stepped_to is None and first.consumers is None
+    done = report(1)
+    assert done.stepped_to == 1
+    assert done.consumers is not None and list(done.consumers) == ["codec"]
+    read = store.load_partition("r1", "codec")
+    assert read.resource_publish_info  # the consumer has infos: they are not sent back
+    expected = PartitionState(**{**read.__dict__, "resource_publish_info": {}})
+    assert done.consumers["codec"] == expected
+    assert done.consumers["codec"].wg_rank_completions == {"wg-codec": 1}
+    assert report(1).consumers is None  # the resend says what the step did, not this
+    # codec streams nowhere: its own in-report step has no consumers to give back
+    create_two_partitions(store, "r2")
+    took = store.record_worker_report(
+        "r2", "codec", fwd_pass=0, worker_graph_id="wg-codec", rank=0, num_ranks=1,
+        replica_id="a", then_step=Step(DECODE, ("wg-codec",)), check_in=30.0,
+    )  # fmt: skip
+    assert took.stepped_to == 1 and took.consumers == {}
+
+
 def test_a_report_resent_after_later_steps_is_stale(store: RequestStore) -> None:
     create_two_partitions(store)
     step = Step(DECODE, ("wg-codec",))

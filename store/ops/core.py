@@ -96,6 +96,10 @@ class Topology:
     def incoming(self, partition: str) -> tuple[str, ...]:
         return self._ends[1].get(partition, ())
 
+    def consumers(self, partition: str) -> list[str]:
+        """The partitions ``partition`` streams to."""
+        return [conn.split("->", 1)[1] for conn in self.outgoing(partition)]
+
     @cached_property
     def _ends(self) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
         out: dict[str, tuple[str, ...]] = {}

@@ -25,7 +25,7 @@ from store.errors import (
 from store.keys import validate_name, validate_request_id
 from store.ops.args import check_replica_id
 from store.ops.batch import gather
-from store.ops.core import VERSION, Core, Topology
+from store.ops.core import VERSION, Core
 from store.ops.effects import Op
 from store.ops.leases import check_in_arg, index_after_report, report_hint
 from store.ops.merges import merge_publish_info
@@ -105,23 +105,29 @@ def record_worker_report(
     for attempt in range(2):
         outgoing: tuple[str, ...] = ()
         fed: list[str] = []
+        streams: list[str] = []
         script_keys = fixed_keys
-        if new_tokens or consumed or (then_step is not None and then_step.done):
+        if new_tokens or consumed or then_step is not None:
             topology = yield from core.topology(rid)
-            outgoing, incoming = topology.outgoing(name), topology.incoming(name)
-            unknown = set(consumed) - set(incoming)
-            if unknown and attempt == 0:
-                core.forget(rid)
-                continue
-            if unknown:
-                raise ValidationError(
-                    f"consumed counts name {sorted(unknown)}, which are not incoming "
-                    f"connections of {name!r}",
-                    request_id=rid,
-                    key=key,
-                )
-            fed = [c for c in incoming if c in consumed]
-            script_keys = fixed_keys + [prefix + "conn:" + c for c in (*outgoing, *fed)]
+            if new_tokens or consumed or (then_step is not None and then_step.done):
+                outgoing, incoming = topology.outgoing(name), topology.incoming(name)
+                unknown = set(consumed) - set(incoming)
+                if unknown and attempt == 0:
+                    core.forget(rid)
+                    continue
+                if unknown:
+                    raise ValidationError(
+                        f"consumed counts name {sorted(unknown)}, which are not incoming "
+                        f"connections of {name!r}",
+                        request_id=rid,
+                        key=key,
+                    )
+                fed = [c for c in incoming if c in consumed]
+                script_keys = fixed_keys + [prefix + "conn:" + c for c in (*outgoing, *fed)]
+            if then_step is not None:  # the partitions it streams to, read after the step
+                streams = topology.consumers(name)
+                if streams:
+                    script_keys = script_keys + [prefix + "part:" + c for c in streams]
         args: list[Any] = [
             VERSION, fwd_pass, worker_graph_id, rank, num_ranks, new_tokens,
             len(outgoing), len(fed), name, holder, core.lease_ttl, core.history_cap,
@@ -145,7 +151,7 @@ def record_worker_report(
             yield from _merge_first(core, rid, name, published, fwd_pass, worker_graph_id, rank)
             merge_args = []
             continue
-        return _outcome(core, rid, name, key, fwd_pass, worker_graph_id, holder, reply)
+        return _outcome(core, rid, name, key, fwd_pass, worker_graph_id, holder, reply, streams)
     raise AssertionError("unreachable")
 
 
@@ -184,9 +190,6 @@ def _check_rank_zero_extras(
         domains.check_int(
             count, domains.TOKENS, what=f"consumed[{conn_name}]", request_id=rid, key=key
         )
-
-
-_NO_CONNECTIONS = Topology((), ())
 
 
 class _StepArgs:
@@ -253,6 +256,7 @@ def _outcome(
     wg: str,
     holder: str,
     reply: list[Any],
+    streams: list[str],
 ) -> ReportOutcome:
     status = reply[0]
     if status == b"STALE":
@@ -265,7 +269,7 @@ def _outcome(
             field="current_worker_graph_ids",
         )
     token = int(reply[4])
-    lease = stored = None
+    lease = stored = stored_consumers = None
     stepped = int(reply[6]) or None
     core.instruments.count("reports" if status == b"OK" else "duplicates")
     if stepped is not None:
@@ -280,10 +284,21 @@ def _outcome(
             def stored() -> PartitionState:
                 return core.decode_partition(rid, name, _pairs(part), _pairs(pub))
 
+        elif len(reply) > 12:  # a step taken here: its consumers as it left them
+            held = reply[12]
+
+            def stored_consumers() -> dict[str, PartitionState]:
+                return {
+                    consumer: core.decode_partition(rid, consumer, _pairs(fields), {})
+                    for consumer, fields in zip(streams, held, strict=True)
+                    if fields  # gone (the request went, or a stale topology): not here
+                }
+
     # Positional: matching keyword arguments costs this hot path's constructor a third more.
     return ReportOutcome(
-        status == b"OK", int(reply[1]), bool(reply[2]), bool(reply[3]), lease, stepped, stored
-    )
+        status == b"OK", int(reply[1]), bool(reply[2]), bool(reply[3]), lease, stepped, stored,
+        stored_consumers,
+    )  # fmt: skip
 
 
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:

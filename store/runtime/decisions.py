@@ -134,7 +134,11 @@ def apply_report(books: Books, report: Report, *, predict: bool) -> Program[Repo
         assert step is not None  # only a step given with the report is taken in it
         if outcome.applied:
             books.count("passes")
-        return (yield from stepped(books, lease, step, outcome.stepped_to, status))
+        return (
+            yield from stepped(
+                books, lease, step, outcome.stepped_to, status, consumers=outcome.consumers
+            )
+        )
     assert outcome.partition is not None  # returned with every lease a report is granted
     step = yield planner("next_step", report.request_id, report.partition, outcome.partition)
     try:
@@ -185,8 +189,9 @@ def apply_reports(
                 if outcome.applied:
                     books.count("passes")
                 results[i] = yield from stepped(
-                    books, lease, ahead_step, outcome.stepped_to, status, nudges
-                )
+                    books, lease, ahead_step, outcome.stepped_to, status, nudges,
+                    consumers=outcome.consumers,
+                )  # fmt: skip
                 if len(nudges) > len(nudged):  # this step left a nudge
                     nudged.append(i)
                 continue
@@ -318,6 +323,7 @@ class Nudge:
     producer: str
     state: RequestState | None
     topology: Topology
+    consumers: Mapping[str, PartitionState] | None = None  # as the step left them
 
 
 def stepped(
@@ -327,10 +333,13 @@ def stepped(
     new_pass: int,
     status: ReportStatus,
     nudges: list[Nudge] | None = None,
+    *,
+    consumers: Mapping[str, PartitionState] | None = None,
 ) -> Program[ReportResult]:
     """After a step: send the new pass, or finish the request if every partition is done;
     then nudge the partition's streaming consumers (or, given ``nudges``, leave the nudge
-    there for ``nudge_many``)."""
+    there for ``nudge_many``). ``consumers``: those partitions as the step left them, when
+    the step returned them (a report's, see ``ReportOutcome.consumers``)."""
     rid, name = lease.request_id, lease.partition
     state: RequestState | None = None
     finished = False
@@ -348,9 +357,9 @@ def stepped(
         yield from dispatch(books, rid, name, new_pass, step)
         yield Failpoint("after_dispatch")
     if nudges is None:
-        yield from nudge_consumers(books, rid, name, state, topology)
+        yield from nudge_consumers(books, rid, name, state, topology, after_step=consumers)
     elif topology.outgoing(name):
-        nudges.append(Nudge(rid, name, state, topology))
+        nudges.append(Nudge(rid, name, state, topology, consumers))
     return ReportResult(status, drove=True, new_pass=new_pass, finished=finished)
 
 
@@ -413,20 +422,23 @@ def nudge_consumers(
     producer: str,
     state: RequestState | None,
     topology: Topology | None = None,
+    *,
+    after_step: Mapping[str, PartitionState] | None = None,
 ) -> Program[None]:
     """Send the passes of ``producer``'s streaming consumers that its tokens made runnable.
 
     A consumer's pass is sent (without its lease: the consumer's own step set its check
     time, so recovery still covers it) if it has no report yet and the planner says it can
     run, unless this replica sent it already (another replica may send it too). Without a
-    state at hand, the consumers' partitions are read first: the whole request (the
-    producer's KV pages above all) is read and decoded only if one of them may be sent.
+    state at hand, the consumers' partitions are looked at first (as the producer's step
+    left them, ``after_step``, else read): the whole request (the producer's KV pages above
+    all) is read and decoded only if one of them may be sent.
     """
     topology = topology or (yield store("topology", rid))
     assert topology is not None
-    consumers = consumers_of(topology, producer)
+    consumers = topology.consumers(producer)
     if state is None:
-        consumers = yield from _waiting(books, rid, consumers)
+        consumers = yield from _waiting(books, rid, consumers, after_step or {})
         state = (yield from load(rid)) if consumers else None
         if state is None:
             return
@@ -437,16 +449,20 @@ def nudge_many(books: Books, nudges: Sequence[Nudge]) -> Program[list[StoreError
     """``nudge_consumers`` of many steps, the consumers' partitions of those without a state
     read in one batched call; per nudge, the error that ``nudge_consumers`` would have
     raised (None: none)."""
-    unread = [
-        (k, consumer)
-        for k, nudge in enumerate(nudges)
-        if nudge.state is None
-        for consumer in consumers_of(nudge.topology, nudge.producer)
-    ]
+    waiting: list[list[str]] = [[] for _ in nudges]
+    unread: list[tuple[int, str]] = []
+    for k, nudge in enumerate(nudges):
+        if nudge.state is not None:
+            continue
+        for consumer in nudge.topology.consumers(nudge.producer):
+            part = (nudge.consumers or {}).get(consumer)
+            if part is None:
+                unread.append((k, consumer))
+            elif _may_send(books, nudge.rid, consumer, part):
+                waiting[k].append(consumer)
     parts = (
         (yield store("load_partitions", [(nudges[k].rid, c) for k, c in unread])) if unread else []
     )
-    waiting: list[list[str]] = [[] for _ in nudges]
     errors: list[StoreError | None] = [None] * len(nudges)
     gone: set[int] = set()
     for (k, consumer), part in zip(unread, parts, strict=True):
@@ -461,7 +477,7 @@ def nudge_many(books: Books, nudges: Sequence[Nudge]) -> Program[list[StoreError
             continue
         try:
             if nudge.state is not None:
-                consumers = consumers_of(nudge.topology, nudge.producer)
+                consumers = nudge.topology.consumers(nudge.producer)
                 yield from _send_runnable(books, nudge.rid, consumers, nudge.state)
             elif waiting[k]:
                 state = yield from load(nudge.rid)
@@ -470,11 +486,6 @@ def nudge_many(books: Books, nudges: Sequence[Nudge]) -> Program[list[StoreError
         except StoreError as e:
             errors[k] = e
     return errors
-
-
-def consumers_of(topology: Topology, producer: str) -> list[str]:
-    """The partitions ``producer`` streams to."""
-    return [conn.split("->", 1)[1] for conn in topology.outgoing(producer)]
 
 
 def _send_runnable(
@@ -490,14 +501,19 @@ def _send_runnable(
             yield from dispatch(books, rid, name, part.fwd_pass_number, current_step(part))
 
 
-def _waiting(books: Books, rid: str, consumers: list[str]) -> Program[list[str]]:
-    """The consumers whose current pass this replica may send, each read on its own."""
+def _waiting(
+    books: Books, rid: str, consumers: list[str], after_step: Mapping[str, PartitionState]
+) -> Program[list[str]]:
+    """The consumers whose current pass this replica may send: as the step left them, or
+    each read on its own."""
     waiting = []
     for name in consumers:
-        try:
-            part: PartitionState = yield store("load_partition", rid, name)
-        except NotFoundError:
-            return []  # the request is gone
+        part = after_step.get(name)
+        if part is None:
+            try:
+                part = yield store("load_partition", rid, name)
+            except NotFoundError:
+                return []  # the request is gone
         if _may_send(books, rid, name, part):
             waiting.append(name)
     return waiting

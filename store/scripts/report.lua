@@ -8,7 +8,8 @@
 -- KEYS[5] the request's history stream
 -- KEYS[6] the recovery index (the lease hash on a cluster: see index_check in _lib.lua)
 -- KEYS[7..6+n_out]        outgoing connection hashes (token_count += new tokens)
--- KEYS[7+n_out..]         incoming connection hashes (consumed_count raised)
+-- KEYS[7+n_out..6+n_out+n_in]  incoming connection hashes (consumed_count raised)
+-- KEYS[7+n_out+n_in..]    the partitions p streams to (read after a step taken here)
 -- ARGV[1] schema version  ARGV[2] forward pass of the report  ARGV[3] worker graph id
 -- ARGV[4] rank            ARGV[5] ranks in the worker graph   ARGV[6] new output tokens
 -- ARGV[7] n_out           ARGV[8] n_in        ARGV[9] partition name
@@ -26,10 +27,13 @@
 -- lease if this replica still holds it live). Exactly one report per pass completes it.
 -- Returns {'OK'|'DUP', rank_completions, wg_complete, pass_complete, lease_token,
 -- lease_expiry, stepped_to_pass, sends, last_sent, partition fields, publish-info fields,
--- had_check} (the fields when a lease is returned and no step was taken; sends and
--- last_sent: how often and when the lease hash says the pass was sent; had_check, 0 or 1,
--- with a lease granted: whether p had a check time before), or an error status: NOKEY/SCHEMA,
--- {'STALE', current_pass}, {'NOWG'}, {'BUSY'}, {'KIND', label}, {'RANGE', field}.
+-- had_check, consumers} (the fields when a lease is returned and no step was taken; sends
+-- and last_sent: how often and when the lease hash says the pass was sent; had_check, 0 or
+-- 1, with a lease granted: whether p had a check time before; consumers, after a step taken
+-- here: the fields of each partition p streams to, as they stand after it, so the caller
+-- decides whether to send their passes without reading them), or an error status:
+-- NOKEY/SCHEMA, {'STALE', current_pass}, {'NOWG'}, {'BUSY'}, {'KIND', label},
+-- {'RANGE', field}.
 local part, lease, pub = KEYS[1], KEYS[2], KEYS[3]
 local p, replica, cap = ARGV[9], ARGV[10], ARGV[12]
 local n_out, n_in = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -38,6 +42,14 @@ local first_name = 20 + n_in
 local first_wg = first_name + n_names
 local first_label = first_wg + n_wgs
 local last_out = 6 + n_out
+local last_conn = last_out + n_in
+
+-- The partitions p streams to, as they stand now (after a step taken here).
+local function consumers()
+  local out = {}
+  for i = last_conn + 1, #KEYS do out[#out + 1] = redis.call('HGETALL', KEYS[i]) end
+  return out
+end
 
 local wg, rank = ARGV[3], ARGV[4]
 local marks_field = '_reports[' .. wg .. ']'
@@ -53,7 +65,7 @@ if not held[1] then return {'NOKEY', part} end
 if held[1] ~= ARGV[1] then return {'SCHEMA', part, held[1]} end
 -- Each connection's version and the counter the report moves, in one read.
 local conn_counts = {}
-for i = 7, #KEYS do
+for i = 7, last_conn do
   local got = redis.call('HMGET', KEYS[i], VERSION_FIELD,
                          i <= last_out and 'token_count' or 'consumed_count')
   if not got[1] then return {'NOKEY', KEYS[i]} end
@@ -214,7 +226,7 @@ if step_now then
   history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', pass_text,
     'replica', replica, 'outcome', 'applied', 'token', token_text})
   return {'OK', count, wg_complete, 1, token, exact(expires), new_pass, 1, t_text, {}, {},
-          had_check}
+          had_check, consumers()}
 end
 local token, expires = grant_lease(lease, p, replica, t, ARGV[11], ARGV[2], KEYS[6])
 if ARGV[15] ~= '1' then
@@ -233,4 +245,4 @@ end_lease(lease, p, t, ARGV[18], KEYS[6])
 history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', new_pass,
   'replica', replica, 'outcome', 'applied', 'token', token})
 return {'OK', count, wg_complete, 1, token, expires, new_pass, 1, exact(t), {}, {},
-        had_check}
+        had_check, consumers()}
