@@ -3,7 +3,9 @@ driven by a scripted stand-in for the store and the planner."""
 
 from __future__ import annotations
 
+import math
 import random
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -74,6 +76,17 @@ def test_latency_p99() -> None:
     for v in (5.0, 1.0, 2.0, 3.0):
         small.add(v)
     assert small.p99() == 3.0  # the window keeps the latest three
+
+
+def test_latency_p99_is_that_of_the_window_as_samples_come_and_go() -> None:
+    rng = random.Random(7)
+    latencies, window = Latencies(50), deque(maxlen=50)
+    for _ in range(2_000):
+        value = rng.choice([rng.uniform(0, 2), 1.0, 0.5])  # repeats too
+        latencies.add(value)
+        window.append(value)
+        ordered = sorted(window)
+        assert latencies.p99() == ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 def test_deadlines_follow_observed_latency_double_per_send_and_are_capped() -> None:

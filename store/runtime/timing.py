@@ -7,6 +7,7 @@ clock.
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 import threading
@@ -81,25 +82,30 @@ class Timing:
 
 
 class Latencies:
-    """The latest pass latencies this replica observed, and their p99 (thread-safe)."""
+    """The latest pass latencies this replica observed, and their p99 (thread-safe).
+
+    Kept in arrival order (to drop the oldest) and in order of size, so the p99 is read
+    without sorting: every report asks for it (its step's check time), every pass adds one.
+    """
 
     def __init__(self, size: int) -> None:
         self._samples: deque[float] = deque(maxlen=size)
+        self._ordered: list[float] = []
         self._lock = threading.Lock()
-        self._p99: float | None = None
 
     def add(self, seconds: float) -> None:
+        value = max(0.0, seconds)
         with self._lock:
-            self._samples.append(max(0.0, seconds))
-            self._p99 = None
+            if len(self._samples) == self._samples.maxlen:
+                del self._ordered[bisect.bisect_left(self._ordered, self._samples[0])]
+            self._samples.append(value)
+            bisect.insort(self._ordered, value)
 
     def p99(self) -> float | None:
         """None before the first sample."""
         with self._lock:
-            if self._p99 is None and self._samples:
-                ordered = sorted(self._samples)
-                self._p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
-            return self._p99
+            n = len(self._ordered)
+            return self._ordered[min(n - 1, math.ceil(0.99 * n) - 1)] if n else None
 
 
 @dataclass
