@@ -75,7 +75,7 @@ class ReportOutcome:
     the report, publish info included, to plan the step from (decoded on first access: a
     conductor that plans without it does not pay for it). With ``then_step`` the step was
     taken in the same call: ``stepped_to`` is the new pass, and the lease has ended;
-    ``consumers`` then holds the partitions it streams to as they stand after the step.
+    ``consumers`` (when asked for) holds the partitions it streams to as the step left them.
     """
 
     applied: bool
@@ -96,11 +96,12 @@ class ReportOutcome:
 
     @cached_property
     def consumers(self) -> dict[str, PartitionState] | None:
-        """After a step taken with the report (``stepped_to``): the partitions this one
-        streams to, by name, as they stand right after the step and without their published
-        infos (``resource_publish_info`` is empty: their KV pages are not sent back with
-        every step). What a conductor needs to decide whether a consumer's pass can be sent
-        now, without reading it; None otherwise. Decoded on first access."""
+        """After a step taken with the report (``stepped_to``) and asked for its consumers:
+        the partitions this one streams to, by name, as they stand right after the step,
+        without their published infos (``resource_publish_info`` is empty: their KV pages
+        are not sent back with every step). What a conductor needs to decide whether a
+        consumer's pass can be sent now, without reading it; None otherwise. Decoded on
+        first access."""
         return None if self.stored_consumers is None else self.stored_consumers()
 
 

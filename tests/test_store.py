@@ -580,10 +580,10 @@ def test_a_resent_report_that_took_its_step_says_so_with_the_fence(
 def test_a_step_taken_in_the_report_returns_the_consumers_as_it_left_them(
     store: RequestStore,
 ) -> None:
-    """llm streams to codec: the report that completes llm's pass and takes its step comes
-    back with codec's partition as it stands right after the step (its infos left out), the
-    same as reading it; a report that took no step, or a resend, has none; a partition that
-    streams nowhere has none to give."""
+    """llm streams to codec: the report that completes llm's pass and takes its step, asked
+    for its consumers, comes back with codec's partition as it stands right after the step
+    (its infos left out), the same as reading it; a report that took no step, a resend, or
+    one not asked has none; a partition that streams nowhere has none to give."""
     create_two_partitions(store)
     store.merge_publish_info("r1", "codec", {"pos": PublishedPositionInfo({"a": 3})})
     store.record_worker_report(
@@ -595,6 +595,7 @@ def test_a_step_taken_in_the_report_returns_the_consumers_as_it_left_them(
         return store.record_worker_report(
             "r1", "llm", fwd_pass=0, worker_graph_id="wg-llm", rank=rank, num_ranks=2,
             new_tokens=2 if rank == 0 else 0, replica_id="a", then_step=step, check_in=30.0,
+            consumers=True,
         )  # fmt: skip
 
     first = report(0)
@@ -612,9 +613,17 @@ def test_a_step_taken_in_the_report_returns_the_consumers_as_it_left_them(
     create_two_partitions(store, "r2")
     took = store.record_worker_report(
         "r2", "codec", fwd_pass=0, worker_graph_id="wg-codec", rank=0, num_ranks=1,
-        replica_id="a", then_step=Step(DECODE, ("wg-codec",)), check_in=30.0,
+        replica_id="a", then_step=Step(DECODE, ("wg-codec",)), check_in=30.0, consumers=True,
     )  # fmt: skip
     assert took.stepped_to == 1 and took.consumers == {}
+    # not asked for: not read
+    create_two_partitions(store, "r3")
+    for rank in (0, 1):
+        plain = store.record_worker_report(
+            "r3", "llm", fwd_pass=0, worker_graph_id="wg-llm", rank=rank, num_ranks=2,
+            replica_id="a", then_step=step, check_in=30.0,
+        )  # fmt: skip
+    assert plain.stepped_to == 1 and plain.consumers is None
 
 
 def test_a_report_resent_after_later_steps_is_stale(store: RequestStore) -> None:

@@ -50,6 +50,7 @@ def record_worker_report(
     published: Mapping[str, PublishedInfo] | None = None,
     then_step: Step | None = None,
     check_in: float | None = None,
+    consumers: bool = False,
 ) -> Op[ReportOutcome]:
     """Apply one worker-graph rank report, and the infos it published, once, in one call.
 
@@ -63,7 +64,10 @@ def record_worker_report(
     partition as stored (``ReportOutcome.lease``, ``.partition``). With ``then_step``, that
     step is taken in the same call (advance, lease ended, next look in ``check_in``
     seconds; ``None``: never): a conductor that knows the next step ahead (a decode step
-    like the last) saves the step's round trip.
+    like the last) saves the step's round trip. With ``consumers`` too, a step taken comes
+    back with the partitions this one streams to as it left them
+    (``ReportOutcome.consumers``): a conductor that nudges its streaming consumers saves
+    reading them (one HGETALL each in the script, for every step taken).
     """
     rid = validate_request_id(request_id)
     name = validate_name(partition_name, what="partition name", request_id=rid)
@@ -105,9 +109,9 @@ def record_worker_report(
     for attempt in range(2):
         outgoing: tuple[str, ...] = ()
         fed: list[str] = []
-        streams: list[str] = []
+        streams: list[str] | None = None  # the consumers asked for
         script_keys = fixed_keys
-        if new_tokens or consumed or then_step is not None:
+        if new_tokens or consumed or (then_step is not None and consumers):
             topology = yield from core.topology(rid)
             if new_tokens or consumed or (then_step is not None and then_step.done):
                 outgoing, incoming = topology.outgoing(name), topology.incoming(name)
@@ -124,7 +128,7 @@ def record_worker_report(
                     )
                 fed = [c for c in incoming if c in consumed]
                 script_keys = fixed_keys + [prefix + "conn:" + c for c in (*outgoing, *fed)]
-            if then_step is not None:  # the partitions it streams to, read after the step
+            if then_step is not None and consumers:  # read after the step
                 streams = topology.consumers(name)
                 if streams:
                     script_keys = script_keys + [prefix + "part:" + c for c in streams]
@@ -256,7 +260,7 @@ def _outcome(
     wg: str,
     holder: str,
     reply: list[Any],
-    streams: list[str],
+    streams: list[str] | None,
 ) -> ReportOutcome:
     status = reply[0]
     if status == b"STALE":
@@ -284,8 +288,8 @@ def _outcome(
             def stored() -> PartitionState:
                 return core.decode_partition(rid, name, _pairs(part), _pairs(pub))
 
-        elif len(reply) > 12:  # a step taken here: its consumers as it left them
-            held = reply[12]
+        elif streams is not None and len(reply) > 11:  # a step taken here, and asked
+            held = reply[12] if streams else []
 
             def stored_consumers() -> dict[str, PartitionState]:
                 return {
@@ -312,15 +316,16 @@ def record_worker_reports(
     replica_id: str | None = None,
     then_steps: Sequence[Step | None] | None = None,
     check_in: float | Sequence[float | None] | None = None,
+    consumers: bool = False,
 ) -> Op[list[ReportOutcome | StoreError]]:
     """Apply many reports (of any requests) at once: pipelined to each Redis server (see
     ``store.ops.batch``), each going on as ``record_worker_report`` would on its own.
 
     ``then_steps`` (one per report, or None) are the steps to take in the same call when a
     report completes its pass, as ``record_worker_report(then_step=...)`` does, with
-    ``check_in`` (one for all, or one per report: a runtime spreads its deadlines). The
-    result has one entry per report, in order: its outcome, or the ``StoreError`` it met
-    (one bad report does not fail the others).
+    ``check_in`` (one for all, or one per report: a runtime spreads its deadlines) and
+    ``consumers``. The result has one entry per report, in order: its outcome, or the
+    ``StoreError`` it met (one bad report does not fail the others).
     """
     steps = list(then_steps) if then_steps is not None else [None] * len(reports)
     if len(steps) != len(reports):
@@ -349,6 +354,7 @@ def record_worker_reports(
                     published=r.published,
                     then_step=step,
                     check_in=each_check_in,
+                    consumers=consumers,
                 )
                 for r, step, each_check_in in zip(reports, steps, check_ins, strict=True)
             ]

@@ -114,7 +114,11 @@ def apply_report(books: Books, report: Report, *, predict: bool) -> Program[Repo
     completes the pass takes it in the same call (one round trip less per pass).
     """
     step: Step | None = (yield planner("predict_step", report)) if predict else None
-    check = {"then_step": step, "check_in": books.deadlines.check_in(1)} if step else {}
+    check = (
+        {"then_step": step, "check_in": books.deadlines.check_in(1), "consumers": True}
+        if step
+        else {}
+    )
     try:
         outcome = yield store(
             "record_worker_report", report.request_id, report.partition,
@@ -169,7 +173,11 @@ def apply_reports(
             for j, report in enumerate(batch):
                 predicted[j] = yield planner("predict_step", report)
         ahead = (
-            {"then_steps": predicted, "check_in": [books.deadlines.check_in(1) for _ in batch]}
+            {
+                "then_steps": predicted,
+                "check_in": [books.deadlines.check_in(1) for _ in batch],
+                "consumers": True,
+            }
             if any(step is not None for step in predicted)
             else {}
         )

@@ -30,10 +30,10 @@
 -- had_check, consumers} (the fields when a lease is returned and no step was taken; sends
 -- and last_sent: how often and when the lease hash says the pass was sent; had_check, 0 or
 -- 1, with a lease granted: whether p had a check time before; consumers, after a step taken
--- here: the fields of each partition p streams to, as they stand after it, so the caller
--- decides whether to send their passes without reading them), or an error status:
--- NOKEY/SCHEMA, {'STALE', current_pass}, {'NOWG'}, {'BUSY'}, {'KIND', label},
--- {'RANGE', field}.
+-- here, given their keys: the fields of each partition p streams to, as they stand after
+-- it, so the caller decides whether to send their passes without reading them), or an
+-- error status: NOKEY/SCHEMA, {'STALE', current_pass}, {'NOWG'}, {'BUSY'},
+-- {'KIND', label}, {'RANGE', field}.
 local part, lease, pub = KEYS[1], KEYS[2], KEYS[3]
 local p, replica, cap = ARGV[9], ARGV[10], ARGV[12]
 local n_out, n_in = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -44,11 +44,15 @@ local first_label = first_wg + n_wgs
 local last_out = 6 + n_out
 local last_conn = last_out + n_in
 
--- The partitions p streams to, as they stand now (after a step taken here).
-local function consumers()
-  local out = {}
-  for i = last_conn + 1, #KEYS do out[#out + 1] = redis.call('HGETALL', KEYS[i]) end
-  return out
+-- A step's reply, with the partitions p streams to as they stand now, when it was given
+-- them (KEYS after the connections).
+local function with_consumers(reply)
+  if #KEYS > last_conn then
+    local out = {}
+    for i = last_conn + 1, #KEYS do out[#out + 1] = redis.call('HGETALL', KEYS[i]) end
+    reply[#reply + 1] = out
+  end
+  return reply
 end
 
 local wg, rank = ARGV[3], ARGV[4]
@@ -225,8 +229,8 @@ if step_now then
     unpack(token_field)}, books[3] ~= false)
   history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', pass_text,
     'replica', replica, 'outcome', 'applied', 'token', token_text})
-  return {'OK', count, wg_complete, 1, token, exact(expires), new_pass, 1, t_text, {}, {},
-          had_check, consumers()}
+  return with_consumers({'OK', count, wg_complete, 1, token, exact(expires), new_pass, 1,
+                         t_text, {}, {}, had_check})
 end
 local token, expires = grant_lease(lease, p, replica, t, ARGV[11], ARGV[2], KEYS[6])
 if ARGV[15] ~= '1' then
@@ -244,5 +248,5 @@ redis.call('HSET', lease, 'stepped[' .. p .. ']', ARGV[2] .. ':' .. token, 'send
 end_lease(lease, p, t, ARGV[18], KEYS[6])
 history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', new_pass,
   'replica', replica, 'outcome', 'applied', 'token', token})
-return {'OK', count, wg_complete, 1, token, expires, new_pass, 1, exact(t), {}, {},
-        had_check, consumers()}
+return with_consumers({'OK', count, wg_complete, 1, token, expires, new_pass, 1, exact(t), {},
+                       {}, had_check})
