@@ -111,55 +111,81 @@ def per_unit(
     return (counts[1] - counts[0]) / (hi - lo)
 
 
-def parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.client_cost", description=__doc__)
-    names = [w.name for w in WORKLOADS]
+def parse_args(
+    argv: Iterable[str] | None,
+    *,
+    prog: str = "python -m benchmarks.client_cost",
+    doc: str | None = __doc__,
+    workloads: list[Workload] = WORKLOADS,
+) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description=doc)
+    names = [w.name for w in workloads]
     parser.add_argument("--only", nargs="+", metavar="NAME", choices=names, default=None)
     parser.add_argument("--against", metavar="REV", help="also measure a worktree of REV")
     parser.add_argument("--quick", action="store_true", help="a quarter of the units")
     return parser.parse_args(list(argv) if argv is not None else None)
 
 
-def chosen(only: list[str] | None) -> list[Workload]:
+def chosen(only: list[str] | None, workloads: list[Workload] = WORKLOADS) -> list[Workload]:
     """The workloads asked for, and the references their ratios need."""
     if not only:
-        return list(WORKLOADS)
+        return list(workloads)
     wanted = set(only)
-    wanted |= {w.reference for w in WORKLOADS if w.name in wanted and w.reference}
-    return [w for w in WORKLOADS if w.name in wanted]
+    wanted |= {w.reference for w in workloads if w.name in wanted and w.reference}
+    return [w for w in workloads if w.name in wanted]
+
+
+Count = Callable[[Workload, Path], float]  # one unit of a workload with a tree's store
+
+
+def measure(
+    stack: ExitStack, workloads: list[Workload], against: str | None, count: Count
+) -> tuple[dict[tuple[str, str], float | str], str | None]:
+    """``count`` of each workload on this tree and, with ``against``, on a worktree of that
+    revision (left open on ``stack``); the counts by (workload, tree label), and the label of
+    the other tree if it was measured."""
+    trees = {"this tree": REPO}
+    if against:
+        other = stack.enter_context(worktree.checkout(against, log))
+        if other.path is None:
+            log(f"--against skipped: {other.skipped}")
+        else:
+            trees[against] = other.path
+    counts: dict[tuple[str, str], float | str] = {}
+    for w in workloads:
+        for label, tree in trees.items():
+            try:
+                counts[w.name, label] = count(w, tree)
+            except RuntimeError as e:
+                counts[w.name, label] = f"not measured: {e}"
+            log(f"  {w.name} ({label}): {_shown(counts[w.name, label])}")
+    return counts, against if len(trees) > 1 else None
 
 
 def main(argv: Iterable[str] | None = None, run: Runner = run_process) -> int:
     args = parse_args(argv)
     if run is run_process and shutil.which("valgrind") is None:
-        _log("valgrind is not installed: it counts the instructions")
+        log("valgrind is not installed: it counts the instructions")
         return 2
     workloads = chosen(args.only)
     scale = QUICK_SCALE if args.quick else 1
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="client-cost-")))
         server = stack.enter_context(RedisServer(workdir))
-        trees = {"this tree": REPO}
-        if args.against:
-            other = stack.enter_context(worktree.checkout(args.against, _log))
-            if other.path is None:
-                _log(f"--against skipped: {other.skipped}")
-            else:
-                trees[args.against] = other.path
-        counts: dict[tuple[str, str], float | str] = {}
-        for w in workloads:
-            for label, tree in trees.items():
-                try:
-                    counts[w.name, label] = per_unit(w, tree, server.url, run, scale)
-                except RuntimeError as e:
-                    counts[w.name, label] = f"not measured: {e}"
-                _log(f"  {w.name} ({label}): {_shown(counts[w.name, label])}")
-    print(table(workloads, counts, args.against if len(trees) > 1 else None))
+        counts, other = measure(
+            stack, workloads, args.against,
+            lambda w, tree: per_unit(w, tree, server.url, run, scale),
+        )  # fmt: skip
+    units = "instructions per pass (per pair or triple of PINGs), client process, user space"
+    print(table(workloads, counts, other, units))
     return 0 if all(isinstance(v, float) for v in counts.values()) else 1
 
 
 def table(
-    workloads: list[Workload], counts: dict[tuple[str, str], float | str], against: str | None
+    workloads: list[Workload],
+    counts: dict[tuple[str, str], float | str],
+    against: str | None,
+    units: str,
 ) -> str:
     """Instructions per unit, the ratio to the reference, and to ``against``'s tree."""
     head = f"{'workload':<34} {'instructions':>14}  {'x reference':>11}"
@@ -176,11 +202,10 @@ def table(
         lines.append(row)
         if isinstance(mine, str):
             lines.append(f"    {mine}")
-    units = "instructions per pass (per pair or triple of PINGs), client process, user space"
     return "\n".join([*lines, f"({units}; reference: {_references(workloads)})"])
 
 
-def _log(text: str) -> None:
+def log(text: str) -> None:
     print(text, file=sys.stderr)  # stdout holds the table
 
 

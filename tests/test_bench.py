@@ -12,7 +12,7 @@ import fakeredis
 import pytest
 import redis
 
-from benchmarks import client_cost, report, server, stalls, wire
+from benchmarks import client_cost, report, server, server_cost, stalls, wire
 from benchmarks.harness import REFERENCE_KEY, Bench, Check, Pool, Row, Spec, arrange, fastest_ratio
 from benchmarks.scenarios import aio, baseline, fastpath, runtime, store_ops
 from store import RequestStore
@@ -372,3 +372,29 @@ def test_client_cost_workloads_run_on_this_tree(what: str, tmp_path: Path) -> No
         assert done.returncode == 0, done.stderr[-2000:]
         left = redis.Redis.from_url(server.url).dbsize()
         assert left == 0, f"{left} keys left behind"
+
+
+class CountingRedis(RedisServer):
+    """A plain server whose log ends, as callgrind's would, with a count: here the commands
+    it ran (INFO commandstats), so one unit of a workload is the commands it costs."""
+
+    def stop(self) -> None:
+        if self.running:
+            with self.client() as c:
+                calls = sum(v["calls"] for v in c.info("commandstats").values())
+            with open(self.logfile, "a") as log:
+                log.write(f"==1== Collected : {calls}\n")
+        super().stop()
+
+
+@pytest.mark.servers
+def test_server_cost_counts_a_unit_on_servers_of_its_own(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A server per count, the workload's child run against it, the difference over the
+    units: two PINGs cost a server two commands, a pass more (without valgrind)."""
+    assert server_cost.main(["--quick"], start=CountingRedis) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"ping x2\s+2\s", out), out
+    found = re.search(r"pass: report\+report\(then_step\)\s+([\d,]+)\s", out)
+    assert found and int(found.group(1).replace(",", "")) > 2, out
