@@ -298,11 +298,12 @@ def _bounded(conn: Any) -> asyncio.Timeout | contextlib.nullcontext[None]:
     """One deadline, the connection's socket timeout, for a whole exchange.
 
     redis-py bounds each write itself with ``asyncio.wait_for`` (a task per write) and each
-    reply with a timeout of its own: together about a quarter of the client's CPU of a
-    round trip. So the executor writes through the connection's unbounded
-    ``_send_packed_command`` (redis-py 6.1 to 8; tests/test_async.py checks it is there),
-    reads with ``timeout=math.inf`` (no bound of redis-py's own since 8), and bounds the
-    exchange once here. A connection cut off by the deadline is closed by the caller.
+    reply with a timeout of its own: together about a fifth of the client's CPU of a round
+    trip. So the executor writes through the connection's unbounded
+    ``_send_packed_command`` (redis-py 6.1 to 8; tests/test_async.py checks it is there;
+    a connection not made yet goes through redis-py's own send, which makes it), reads with
+    ``timeout=math.inf`` (no bound of redis-py's own since 8), and bounds the exchange once
+    here. A connection cut off by the deadline is closed by the caller.
     """
     timeout = conn.socket_timeout
     return asyncio.timeout(timeout) if timeout else contextlib.nullcontext()
