@@ -626,6 +626,22 @@ def test_a_step_taken_in_the_report_returns_the_consumers_as_it_left_them(
     assert plain.stepped_to == 1 and plain.consumers is None
 
 
+def test_a_last_step_taken_in_the_report_marks_the_partitions_streams_done(
+    store: RequestStore,
+) -> None:
+    """llm's completing report (rank 1: no tokens of its own) takes a done step: llm is done
+    and its stream to codec says its producer is done, as ``take_step`` would leave them."""
+    create_two_partitions(store)
+    for rank in (0, 1):
+        outcome = store.record_worker_report(
+            "r1", "llm", fwd_pass=0, worker_graph_id="wg-llm", rank=rank, num_ranks=2,
+            replica_id="a", then_step=Step(DECODE, (), done=True), check_in=None,
+        )  # fmt: skip
+    assert outcome.stepped_to == 1
+    assert store.load_partition("r1", "llm").is_done
+    assert store.load_connection("r1", LLM_TO_CODEC).producer_done
+
+
 def test_a_report_resent_after_later_steps_is_stale(store: RequestStore) -> None:
     create_two_partitions(store)
     step = Step(DECODE, ("wg-codec",))

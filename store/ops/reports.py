@@ -111,9 +111,10 @@ def record_worker_report(
         fed: list[str] = []
         streams: list[str] | None = None  # the consumers asked for
         script_keys = fixed_keys
-        if new_tokens or consumed or (then_step is not None and consumers):
+        finishing = then_step is not None and then_step.done  # marks its streams done
+        if new_tokens or consumed or finishing or (then_step is not None and consumers):
             topology = yield from core.topology(rid)
-            if new_tokens or consumed or (then_step is not None and then_step.done):
+            if new_tokens or consumed or finishing:
                 outgoing, incoming = topology.outgoing(name), topology.incoming(name)
                 unknown = set(consumed) - set(incoming)
                 if unknown and attempt == 0:
