@@ -642,6 +642,26 @@ def test_a_last_step_taken_in_the_report_marks_the_partitions_streams_done(
     assert store.load_connection("r1", LLM_TO_CODEC).producer_done
 
 
+def test_the_fencing_token_a_step_in_the_report_raises_stays_exact_past_lua_digits(
+    store: RequestStore, client: redis.Redis
+) -> None:
+    """The in-report step counts the token up in Lua while Lua counts exactly (13 digits)
+    and leaves it to HINCRBY beyond: either way the lease carries the stored token + 1."""
+    create_two_partitions(store)
+    step = Step(DECODE, ("wg-codec",))
+    lease_key = store.keys.lease("r1")
+    for fwd_pass, held in enumerate((9_999_999_999_998, 9_999_999_999_999, 10**15 + 7)):
+        client.hset(lease_key, "token", held)
+        outcome = store.record_worker_report(
+            "r1", "codec", fwd_pass=fwd_pass, worker_graph_id="wg-codec", rank=0,
+            num_ranks=1, replica_id="a", then_step=step, check_in=30.0,
+        )  # fmt: skip
+        assert outcome.stepped_to == fwd_pass + 1
+        assert outcome.lease is not None and outcome.lease.token == held + 1
+        assert int(client.hget(lease_key, "token")) == held + 1
+        assert int(client.hget(lease_key, "token[codec]")) == held + 1
+
+
 def test_a_report_resent_after_later_steps_is_stale(store: RequestStore) -> None:
     create_two_partitions(store)
     step = Step(DECODE, ("wg-codec",))

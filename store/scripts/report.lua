@@ -209,10 +209,8 @@ if step_now then
   -- bookkeeping and end_lease would leave it, in one write (two while p's last lease is
   -- still held: its fields go) instead of six, and the index entry once.
   local token = plus_one(books[2] or '0')
-  local token_field = {}
-  if token then
-    token_field = {'token', digits(token)}
-  else  -- beyond what Lua counts exactly: HINCRBY says
+  local counted = token ~= nil
+  if not counted then  -- beyond what Lua counts exactly: HINCRBY says
     token = redis.call('HINCRBY', lease, 'token', 1)
   end
   local token_text, t_text = digits(token), exact(t)  -- each written more than once
@@ -226,7 +224,7 @@ if step_now then
     'token[' .. p .. ']', token_text, 'stepped[' .. p .. ']', ARGV[2] .. ':' .. token_text,
     'sends[' .. p .. ']', '1', 'sent[' .. p .. ']', t_text,
     'stepped_by[' .. p .. ']', ARGV[2] .. ':' .. rank .. ':' .. wg .. ':' .. replica,
-    unpack(token_field)}, books[3] ~= false)
+    unpack(counted and {'token', token_text} or {})}, books[3] ~= false)
   history(KEYS[5], cap, part, {'op', 'step', 'partition', p, 'pass', pass_text,
     'replica', replica, 'outcome', 'applied', 'token', token_text})
   return with_consumers({'OK', count, wg_complete, 1, token, exact(expires), new_pass, 1,
