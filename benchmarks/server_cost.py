@@ -10,7 +10,9 @@ under ``valgrind --tool=callgrind``: the same for the same scripts, arguments an
 after run. For each workload and tree a private server is started under callgrind, the
 workload's child (``benchmarks.client_cost_child``, the bench's own passes) runs ``lo`` units
 against it, the server stops, and the same again for ``hi`` units: the difference over
-``hi - lo`` is one unit's cost, start-up and set-up cancelled out.
+``hi - lo`` is one unit's cost, start-up and set-up cancelled out. The server's own timer
+(``serverCron``, ten times a second) counts too, so a run slowed by a loaded machine counts
+a few thousand more per pass: compare within one run, or on a quiet machine.
 
 Workloads: ``ping x2`` (the floor: what two round trips cost Redis without a script), and
 the fastpath scenario's 2-rank pass, ``report+report(then_step)`` and
