@@ -106,15 +106,18 @@ def record_worker_report(
         key, prefix + "lease", prefix + "pub:" + name, prefix + "merging:" + name,
         prefix + "history", core.index_key(rid),
     ]  # fmt: skip
+    # The connections the script writes (tokens, consumed counts, a finishing step marks its
+    # streams done), and the partitions it reads back after a step when asked for them.
+    writes_connections = bool(new_tokens or consumed or (then_step is not None and then_step.done))
+    reads_consumers = then_step is not None and consumers
     for attempt in range(2):
         outgoing: tuple[str, ...] = ()
         fed: list[str] = []
         streams: list[str] | None = None  # the consumers asked for
         script_keys = fixed_keys
-        finishing = then_step is not None and then_step.done  # marks its streams done
-        if new_tokens or consumed or finishing or (then_step is not None and consumers):
+        if writes_connections or reads_consumers:
             topology = yield from core.topology(rid)
-            if new_tokens or consumed or finishing:
+            if writes_connections:
                 outgoing, incoming = topology.outgoing(name), topology.incoming(name)
                 unknown = set(consumed) - set(incoming)
                 if unknown and attempt == 0:
@@ -129,7 +132,7 @@ def record_worker_report(
                     )
                 fed = [c for c in incoming if c in consumed]
                 script_keys = fixed_keys + [prefix + "conn:" + c for c in (*outgoing, *fed)]
-            if then_step is not None and consumers:  # read after the step
+            if reads_consumers:
                 streams = topology.consumers(name)
                 if streams:
                     script_keys = script_keys + [prefix + "part:" + c for c in streams]
