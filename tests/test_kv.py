@@ -21,6 +21,7 @@ from mstar.engine.resources import KVSequenceInfo, PublishedInfo, PublishedKVInf
 from store import Codec, CorruptRecordError, ValidationError
 from store.codec.kv import LazyKVSequenceInfo, decode_sequence, encode_sequence
 from store.codec.published import PublishLayout
+from store.schema import SCHEMA_VERSION
 from tests import strategies as s
 
 WHERE: dict[str, str | None] = {"request_id": "r1", "key": "ns:{r1}:pub:llm", "field": "kv"}
@@ -181,3 +182,73 @@ def test_a_deeply_nested_transfer_info_is_refused_both_ways() -> None:
     for _ in range(60):
         shallow = {"k": shallow}
     assert stored(KVSequenceInfo(1, shallow)).latest_kv_transfer_info == shallow
+
+
+# -- a whole PublishedKVInfo: one pass for what v5 writes, sequence by sequence otherwise -----
+
+
+def _stored_info(codec: Codec, sequences: dict[str, bytes]) -> bytes:
+    """A KV info's envelope holding these stored sequences for rank 0, as a store holds it."""
+    payload = msgspec.msgpack.encode(
+        {"info": {0: {k: msgspec.Raw(v) for k, v in sequences.items()}}, "world_size": 1}
+    )
+    name = codec.registry.name_of(PublishedKVInfo)
+    return msgspec.msgpack.encode((SCHEMA_VERSION, name, msgspec.Raw(payload)))
+
+
+def test_a_whole_kv_info_reads_every_form_its_sequences_may_have() -> None:
+    """An envelope written before v5 holds map-form sequences, and a long transfer info is
+    checked for depth on its own: either sends the read down the per-sequence path, which
+    must give what the one-pass read gives."""
+    codec = Codec()
+    long_transfer: Any = "x"
+    for _ in range(60):
+        long_transfer = {"key": long_transfer}
+    sequences = {
+        "v5": KVSequenceInfo(7, TRANSFER, [3, 1]),
+        "long": KVSequenceInfo(8, long_transfer, [4]),
+        "v4": KVSequenceInfo(9, TRANSFER, [5, 6]),
+    }
+    stored_forms = {k: encode_sequence(v) for k, v in sequences.items()}
+    stored_forms["v4"] = msgspec.msgpack.encode(
+        {"seq_len": 9, "latest_kv_transfer_info": TRANSFER, "page_indices": [5, 6]}
+    )
+    expected = PublishedKVInfo({0: sequences}, world_size=1)
+    for subset in (["v5"], ["v5", "long"], ["v5", "v4"], list(sequences)):
+        data = _stored_info(codec, {k: stored_forms[k] for k in subset})
+        back = codec.decode_kind(data, PublishedInfo)
+        assert back == PublishedKVInfo({0: {k: sequences[k] for k in subset}}, world_size=1)
+        assert all(type(seq) is LazyKVSequenceInfo for seq in back.info[0].values())
+    assert codec.decode_kind(codec.encode_kind(expected), PublishedInfo) == expected
+
+
+@pytest.mark.parametrize(
+    ("damaged", "message"),
+    [
+        (msgspec.msgpack.encode([1, None, b"\x01"]), "page indices are not an array"),
+        (msgspec.msgpack.encode([1, None, b""]), "page indices are not an array"),
+        (msgspec.msgpack.encode([-1, None, b"\x90"]), "does not decode as KVSequenceInfo"),
+        (msgspec.msgpack.encode([1, None]), "does not decode as KVSequenceInfo"),
+        (msgspec.msgpack.encode(5), "not an array or a map"),
+        (b"\x93\x01\xa2\xff\xfe\xc4\x01\x90", "does not decode as KVSequenceInfo"),
+        ("deep", "nested deeper than 64 levels"),
+    ],
+    ids=["pages not an array", "pages empty", "negative seq_len", "short", "an int",
+         "transfer not UTF-8", "deep transfer"],
+)  # fmt: skip
+def test_damage_in_a_whole_kv_info_is_found_on_read_and_named(
+    damaged: bytes | str, message: str
+) -> None:
+    codec = Codec()
+    if damaged == "deep":
+        deep: Any = None
+        for _ in range(70):
+            deep = [deep]
+        damaged = msgspec.msgpack.encode([1, deep, b"\x90"])
+    assert isinstance(damaged, bytes)
+    good = encode_sequence(KVSequenceInfo(7, TRANSFER, [3, 1]))
+    data = _stored_info(codec, {"good": good, "damaged": damaged})
+
+    with pytest.raises(CorruptRecordError, match=message) as caught:
+        codec.decode_kind(data, PublishedInfo, request_id="r1", key="k", field="kv")
+    assert (caught.value.request_id, caught.value.key, caught.value.field) == ("r1", "k", "kv")

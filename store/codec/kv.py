@@ -17,7 +17,9 @@ same.
 A whole ``PublishedKVInfo`` (in an envelope) is the map ``{"info": {rank: {cache label:
 sequence}}, "world_size": n}``, as msgspec writes the dataclass; ``kv_info_to_wire`` and
 ``kv_info_from_wire`` build and read it in one step each, with its ranks and world size
-checked against their domains, rather than through the codec's general converters.
+checked against their domains, rather than through the codec's general converters. The read
+takes every sequence in one msgspec pass when all are in the array form with a transfer info
+too short to nest deeply (what v5 writes); any other goes sequence by sequence.
 
 Damage is found as early as is cheap: the shape, ``seq_len``, the transfer info and that the
 indices are an array are checked on read; the indices themselves when they are first read,
@@ -32,6 +34,7 @@ import msgspec
 
 from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo
 from store.codec import bounds
+from store.codec.bounds import MAX_DEPTH
 from store.codec.domains import KV_RANK, SEQ_LEN, WORLD_SIZE, check_int
 from store.errors import CorruptRecordError, ValidationError
 
@@ -78,8 +81,12 @@ _array_form = msgspec.msgpack.Decoder(_ArrayForm)
 _array_form_plain = msgspec.msgpack.Decoder(_ArrayFormPlain)
 _map_form = msgspec.msgpack.Decoder(_MapForm)
 _any = msgspec.msgpack.Decoder()
+_decode_any = _any.decode
+_new = object.__new__
 _pages = msgspec.msgpack.Decoder(list[int])
 _encoder = msgspec.msgpack.Encoder()
+_encode = _encoder.encode
+_SEQ_LEN_END = SEQ_LEN.high
 
 
 class LazyKVSequenceInfo(KVSequenceInfo):
@@ -135,25 +142,35 @@ def _fields(seq: KVSequenceInfo) -> tuple[Any, Any, Any]:
 
 def decode_sequence(data: bytes | msgspec.Raw, where: Where) -> LazyKVSequenceInfo:
     """A stored sequence (either form); any damage found now raises ``CorruptRecordError``."""
+    try:
+        # The array form (all that v5 writes) in one pass when the transfer info is too
+        # short to nest deeply (the array holds at least 4 bytes besides it and the pages).
+        plain = _array_form_plain.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return _decode_other(data, where)
+    pages = plain.page_indices
+    if len(data) - len(pages) - 4 > MAX_DEPTH:
+        return _decode_other(data, where)
+    if not pages or pages[0] not in _ARRAY_OPENERS:
+        raise CorruptRecordError("stored page indices are not an array", **where)
+    return _lazy(plain.seq_len, plain.latest_kv_transfer_info, pages, where)
+
+
+def _decode_other(data: bytes | msgspec.Raw, where: Where) -> LazyKVSequenceInfo:
+    """A sequence in the map form, one whose transfer info is long enough to be checked for
+    depth first, or damage (named precisely)."""
     opener = (data if type(data) is bytes else memoryview(data))[:1]
     try:
         if opener and opener[0] in _ARRAY_OPENERS:
-            # One pass when the transfer info is too short to nest deeply (the array holds
-            # at least 4 bytes besides it and the pages), else a second to measure it.
-            plain = _array_form_plain.decode(data)
-            seq_len, transfer, pages = (
-                plain.seq_len,
-                plain.latest_kv_transfer_info,
-                plain.page_indices,
-            )
-            if len(data) - len(pages) - 4 > bounds.MAX_DEPTH:
-                raw_transfer = _array_form.decode(data).latest_kv_transfer_info
-                bounds.check_stored_depth(raw_transfer, **where)
-        elif opener and opener[0] in _MAP_OPENERS:
-            wire = _map_form.decode(data)
-            seq_len, pages = wire.seq_len, bytes(wire.page_indices)
+            wire = _array_form.decode(data)
+            seq_len, pages = wire.seq_len, wire.page_indices
             bounds.check_stored_depth(wire.latest_kv_transfer_info, **where)
             transfer = _any.decode(wire.latest_kv_transfer_info)
+        elif opener and opener[0] in _MAP_OPENERS:
+            old = _map_form.decode(data)
+            seq_len, pages = old.seq_len, bytes(old.page_indices)
+            bounds.check_stored_depth(old.latest_kv_transfer_info, **where)
+            transfer = _any.decode(old.latest_kv_transfer_info)
         else:
             raise CorruptRecordError("stored KVSequenceInfo is not an array or a map", **where)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -164,6 +181,10 @@ def decode_sequence(data: bytes | msgspec.Raw, where: Where) -> LazyKVSequenceIn
         raise CorruptRecordError("stored value is nested too deeply to decode", **where) from e
     if not pages or pages[0] not in _ARRAY_OPENERS:
         raise CorruptRecordError("stored page indices are not an array", **where)
+    return _lazy(seq_len, transfer, pages, where)
+
+
+def _lazy(seq_len: int, transfer: Any, pages: bytes, where: Where) -> LazyKVSequenceInfo:
     seq = object.__new__(LazyKVSequenceInfo)
     held = seq.__dict__
     held["seq_len"] = seq_len
@@ -181,10 +202,11 @@ def encode_sequence(seq: Any) -> bytes:
     """
     if not isinstance(seq, KVSequenceInfo):
         raise TypeError(f"expected KVSequenceInfo, got {type(seq).__name__}")
-    seq_len = seq.seq_len
-    if type(seq_len) is not int or not 0 <= seq_len < SEQ_LEN.high:
-        check_int(seq_len, SEQ_LEN, what="seq_len")
     held = seq.__dict__
+    seq_len = held.get("seq_len")
+    if type(seq_len) is not int or not 0 <= seq_len < _SEQ_LEN_END:
+        seq_len = seq.seq_len
+        check_int(seq_len, SEQ_LEN, what="seq_len")
     pending = held.get(_PENDING)
     if pending is not None and "page_indices" not in held:
         pages: bytes = pending[0]
@@ -192,24 +214,35 @@ def encode_sequence(seq: Any) -> bytes:
         indices = seq.page_indices
         if type(indices) is not list:
             raise TypeError(f"page_indices must be a list, got {type(indices).__name__}")
-        pages = _encoder.encode(indices)
+        pages = _encode(indices)
     transfer = seq.latest_kv_transfer_info
-    data = _encoder.encode((seq_len, transfer, pages))
+    data = _encode((seq_len, transfer, pages))
     # Besides the transfer info, the array holds at least 4 bytes (its header, seq_len, the
     # pages' bin header) and the pages: a transfer info in what is left cannot nest deeper.
-    if len(data) - len(pages) - 4 > bounds.MAX_DEPTH:
-        bounds.check_written_depth(_encoder.encode(transfer))
+    if len(data) - len(pages) - 4 > MAX_DEPTH:
+        bounds.check_written_depth(_encode(transfer))
     return data
 
 
 # -- a whole PublishedKVInfo ----------------------------------------------------------------
 
 
-class KVInfoWire(msgspec.Struct):
+class _KVInfoWire(msgspec.Struct):
     """A ``PublishedKVInfo`` payload; a field it lacks takes the dataclass default."""
 
     info: dict[_Rank, dict[str, msgspec.Raw]] = {}
     world_size: _WorldSize = 1
+
+
+class _KVInfoArrays(msgspec.Struct):
+    """The same with every sequence in the array form (all that v5 writes): one pass."""
+
+    info: dict[_Rank, dict[str, _ArrayForm]] = {}
+    world_size: _WorldSize = 1
+
+
+_kv_info_wire = msgspec.msgpack.Decoder(_KVInfoWire)
+_kv_info_arrays = msgspec.msgpack.Decoder(_KVInfoArrays)
 
 
 def kv_info_to_wire(info: PublishedKVInfo) -> dict[str, Any]:
@@ -234,9 +267,47 @@ def kv_info_to_wire(info: PublishedKVInfo) -> dict[str, Any]:
     return {"info": out, "world_size": world_size}
 
 
-def kv_info_from_wire(wire: KVInfoWire, where: Where) -> PublishedKVInfo:
-    info: dict[int, dict[str, KVSequenceInfo]] = {
+def kv_info_from_wire(data: bytes | msgspec.Raw, where: Where) -> PublishedKVInfo:
+    """A ``PublishedKVInfo`` payload: in one pass when every sequence is in the array form
+    with a short transfer info, else sequence by sequence (older forms, long transfer infos
+    checked for depth, and damage, named precisely)."""
+    try:
+        arrays = _kv_info_arrays.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        arrays = None
+    info: dict[int, dict[str, KVSequenceInfo]]
+    if arrays is not None:
+        try:
+            info = {
+                rank: {cache: _from_array(seq, where) for cache, seq in labels.items()}
+                for rank, labels in arrays.info.items()
+            }
+        except _PerSequence:
+            pass
+        else:
+            return PublishedKVInfo(info=info, world_size=arrays.world_size)
+    wire = _kv_info_wire.decode(data)
+    info = {
         rank: {cache: decode_sequence(raw, where) for cache, raw in labels.items()}
         for rank, labels in wire.info.items()
     }
     return PublishedKVInfo(info=info, world_size=wire.world_size)
+
+
+class _PerSequence(Exception):
+    """A sequence the one-pass read leaves to ``decode_sequence``."""
+
+
+def _from_array(stored: _ArrayForm, where: Where) -> LazyKVSequenceInfo:
+    transfer, pages = stored.latest_kv_transfer_info, stored.page_indices
+    if len(transfer) > MAX_DEPTH or not pages or pages[0] not in _ARRAY_OPENERS:
+        raise _PerSequence
+    seq = _new(LazyKVSequenceInfo)
+    held = seq.__dict__
+    held["seq_len"] = stored.seq_len
+    try:
+        held["latest_kv_transfer_info"] = _decode_any(transfer)
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise _PerSequence from e
+    held[_PENDING] = (pages, where)
+    return seq

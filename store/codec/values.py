@@ -41,7 +41,6 @@ from store.codec.kinds import (
     default_registry,
 )
 from store.codec.kv import (
-    KVInfoWire,
     decode_sequence,
     encode_sequence,
     kv_info_from_wire,
@@ -167,6 +166,8 @@ class Codec:
                 if len(data) > MAX_DEPTH:
                     check_stored_depth(data, **where)
                 return plan.checked.decode(data)
+            if plan.wire_type is msgspec.Raw and plan.from_wire:  # it decodes the bytes itself
+                return plan.from_wire(data, context)
             value = self._decoder(plan.wire_type).decode(data)
             return plan.from_wire(value, context) if plan.from_wire else value
         except StoreError as e:  # a nested kind's own error (an unknown kind): keep it
@@ -270,10 +271,10 @@ class Codec:
                 lambda raw, context: self._decode_kind(raw, base, context.nested()),
             )
         if tp is PublishedKVInfo:  # exactly: a subclass may hold more, and goes as any other
-            return _Plan(
-                KVInfoWire,
+            return _Plan(  # read by kv_info_from_wire from its bytes: see there
+                msgspec.Raw,
                 kv_info_to_wire,
-                lambda wire, context: kv_info_from_wire(wire, context.where),
+                lambda raw, context: kv_info_from_wire(raw, context.where),
             )
         if tp is KVSequenceInfo:
             return _Plan(
@@ -388,7 +389,8 @@ class Codec:
             ],
         )
         converters = [(n, plans[n].to_wire) for n in names]
-        back = {n: p.from_wire or pass_through for n, p in plans.items()}
+        back = [(n, p.from_wire) for n, p in plans.items() if p.from_wire is not None]
+        unset, asdict = msgspec.UNSET, msgspec.structs.asdict
         checks = [
             (n, domain_check(d, slot(hints[n]), f"{cls.__name__}.{n}")) for n, d in domains.items()
         ]
@@ -401,11 +403,14 @@ class Codec:
             }
 
         def from_wire(value: Any, context: _Context) -> Any:
-            kwargs = {}
-            for n in names:
-                v = getattr(value, n)
-                if v is not msgspec.UNSET:
-                    kwargs[n] = back[n](v, context)
+            kwargs = asdict(value)
+            # A field the record lacks takes its default. Tested before converting: decoded
+            # values only (builtins, Raw, domain dataclasses) meet UNSET's ``==``.
+            if unset in kwargs.values():
+                kwargs = {n: v for n, v in kwargs.items() if v is not unset}
+            for n, convert in back:
+                if n in kwargs:
+                    kwargs[n] = convert(kwargs[n], context)
             try:
                 return cls(**kwargs)
             except TypeError as e:  # a required field is missing
