@@ -160,7 +160,14 @@ class RecordLayout(Generic[R]):
             for name, spec in self.fields.items()
             if spec.shape in ("scalar", "list")
         }
-        self._readers = [(spec, self._reader(spec)) for spec in self.fields.values()]
+        # Per attribute, in order: its name, whether it must be there, and how it is read:
+        # a scalar's value decoder (its one field, looked up inline), else a reader.
+        self._readers = [
+            (name, spec.required, spec.value.decode, None)
+            if spec.shape == "scalar"
+            else (name, spec.required, None, self._reader(spec))
+            for name, spec in self.fields.items()
+        ]
 
     def _field(self, name: str, tp: Any, required: bool) -> _Field:
         origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -279,24 +286,31 @@ class RecordLayout(Generic[R]):
                 entries.setdefault(text[:bracket], {})[text[bracket + 1 : -1]] = value
             else:
                 raise CorruptRecordError("malformed field name", **where, field=text)
-        kwargs: dict[str, Any] = dict(extra or {})
-        for spec, read in self._readers:
-            try:
-                present, value = read(plain, entries.get(spec.name))
-            except StoreError as e:  # the codec's own (corrupt, too large): say where
-                e.locate(**{**where, "field": spec.name})
-                raise
-            except (ValueError, TypeError) as e:
-                raise CorruptRecordError(
-                    f"{self.cls.__name__}.{spec.name} does not decode: {e}",
-                    **{**where, "field": spec.name},
-                ) from e
-            if present:
-                kwargs[spec.name] = value
-            elif spec.required:
-                raise CorruptRecordError(
-                    f"{self.cls.__name__}.{spec.name} is missing", **{**where, "field": spec.name}
-                )
+        kwargs: dict[str, Any] = dict(extra) if extra else {}
+        name = ""
+        try:
+            for name, required, scalar, read in self._readers:
+                if scalar is not None:
+                    raw_value = plain.get(name)
+                    if raw_value is not None:
+                        kwargs[name] = scalar(raw_value)
+                        continue
+                elif read is not None:
+                    present, value = read(plain, entries.get(name))
+                    if present:
+                        kwargs[name] = value
+                        continue
+                if required:
+                    raise CorruptRecordError(
+                        f"{self.cls.__name__}.{name} is missing", **{**where, "field": name}
+                    )
+        except StoreError as e:  # the codec's own (corrupt, too large): say where
+            e.locate(**{**where, "field": name})
+            raise
+        except (ValueError, TypeError) as e:
+            raise CorruptRecordError(
+                f"{self.cls.__name__}.{name} does not decode: {e}", **{**where, "field": name}
+            ) from e
         return self.cls(**kwargs)
 
     def _too_large(self, raw: Mapping[bytes, bytes], where: Where) -> None:
@@ -307,12 +321,9 @@ class RecordLayout(Generic[R]):
             self.codec.check_size(value, **where, field=shown.partition("[")[0])
 
     def _reader(self, spec: _Field) -> _Read:
-        """How attribute ``spec`` is read from its fields: (whether present, its value)."""
+        """How a map, set or list attribute is read from its fields: (whether present, its
+        value). A scalar's one field is read inline by ``decode``."""
         dec, name = spec.value.decode, spec.name
-
-        def scalar(plain: dict[str, bytes], entries: dict[str, bytes] | None) -> tuple[bool, Any]:
-            raw = plain.get(name)
-            return (False, None) if raw is None else (True, dec(raw))
 
         def mapping(plain: dict[str, bytes], entries: dict[str, bytes] | None) -> tuple[bool, Any]:
             return bool(entries), {k: dec(v) for k, v in (entries or {}).items()}
@@ -341,7 +352,7 @@ class RecordLayout(Generic[R]):
                 out[position] = dec(value)
             return raw is not None, out
 
-        return {"scalar": scalar, "map": mapping, "set": members, "list": items}[spec.shape]
+        return {"map": mapping, "set": members, "list": items}[spec.shape]
 
 
 def _key(key: Any) -> str:
