@@ -13,7 +13,8 @@ import contextlib
 import inspect
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
+from types import CoroutineType
 from typing import Any, TypeVar
 
 from store.aio import AsyncRequestStore
@@ -54,30 +55,34 @@ class AsyncReplica(ReplicaBase):
         )  # fmt: skip
         self._busy = 0
         self._idle: asyncio.Event | None = None  # made in the loop that first needs it
+        self._working = _Working(self)
 
     # -- the work -------------------------------------------------------------------------
 
     async def apply_report(self, report: Report) -> ReportResult:
         """See ``Replica.apply_report``."""
-        async with self._working():
+        self.admit()
+        with self._working:
             return await self._run(
                 decisions.apply_report(self.books, report, predict=self.predicts)
             )
 
     async def apply_reports(self, reports: Sequence[Report]) -> list[ReportResult | StoreError]:
         """See ``Replica.apply_reports``."""
-        async with self._working():
+        self.admit()
+        with self._working:
             batched = decisions.apply_reports(self.books, reports, predict=self.predicts)
             return await self._run(batched)
 
     async def submit(self, request_id: str, **create: Any) -> None:
         """See ``Replica.submit``."""
-        async with self._working():
+        self.admit()
+        with self._working:
             await self._run(decisions.submit(self.books, request_id, create))
 
     async def recover_once(self) -> int:
         """See ``Replica.recover_once``."""
-        async with self._working(admit=False):
+        with self._working:
             return (await self._run(recovery.recover_once(self.books)))[1]
 
     # -- the loop -------------------------------------------------------------------------
@@ -90,7 +95,7 @@ class AsyncReplica(ReplicaBase):
             for name in schedule.due(time.monotonic()):
                 result: bool | Exception
                 try:
-                    async with self._working(admit=False):
+                    with self._working:
                         result = await self._run(self.duty(name))
                 except Exception as e:
                     result = e
@@ -123,19 +128,6 @@ class AsyncReplica(ReplicaBase):
                 self._idle.set()
         return self._idle
 
-    @contextlib.asynccontextmanager
-    async def _working(self, *, admit: bool = True) -> AsyncIterator[None]:
-        if admit:
-            self.admit()
-        self._busy += 1
-        self._idle_event().clear()
-        try:
-            yield
-        finally:
-            self._busy -= 1
-            if not self._busy:
-                self._idle_event().set()
-
     async def _run(self, program: Program[T]) -> T:
         """Drive ``program``, awaiting each call it yields (and a planner's or failpoint's
         result when it is awaitable)."""
@@ -154,9 +146,33 @@ class AsyncReplica(ReplicaBase):
                         value = getattr(target, effect.method)(*effect.args, **effect.kwargs)
                     elif self.failpoints is not None:
                         value = self.failpoints(effect.name)
-                    if inspect.isawaitable(value):
+                    if type(value) is CoroutineType or (
+                        value is not None and inspect.isawaitable(value)
+                    ):
                         value = await value
                 except Exception as e:
                     error = e
         finally:
             program.close()
+
+
+class _Working:
+    """The replica's work in progress, counted so that ``drain`` can wait for none. Entered
+    and left without waiting: a plain ``with`` inside the coroutines."""
+
+    __slots__ = ("_replica",)
+
+    def __init__(self, replica: AsyncReplica) -> None:
+        self._replica = replica
+
+    def __enter__(self) -> None:
+        replica = self._replica
+        replica._busy += 1
+        if replica._idle is not None:  # else nobody waits: drain makes it, as it finds it
+            replica._idle.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        replica = self._replica
+        replica._busy -= 1
+        if not replica._busy and replica._idle is not None:
+            replica._idle.set()
