@@ -16,14 +16,19 @@ Workloads (``benchmarks.client_cost_child``), each the bench's own:
 - ``pass: report+report(then_step)`` and ``pass: report+report+take_step``: the fastpath
   scenario's 2-rank pass;
 - ``64 passes, batched`` and ``64 passes, one call each``: the batch scenario's pass of 64
-  requests (``Passes``), per pass of all 64.
+  requests (``Passes``), per pass of all 64;
+- ``async runtime, 64 passes``: the runtime scenario's pass of 64 requests in flight, each
+  through ``AsyncReplica.apply_report`` (asyncio, redis-py's asyncio client), per pass of
+  all 64;
+- ``codec: PartitionState msgspec`` / ``pickle``: the codec scenario's partition encoded and
+  decoded (no Redis), by this tree's ``Codec`` and by pickle.
 
 The table gives instructions per unit and the ratio to its reference (the PINGs of as many
-round trips, or one call each). With ``--against REV``, the same workloads also run on a
-worktree of ``REV`` (its own store and shapes) and a second ratio says how this tree
-compares. Only user-space instructions are counted: the system calls of the round trips
-(the same for the store and for a PING) are not, so these ratios are above the CPU-time
-ratios of ``benchmarks.bench``.
+round trips, the sync store's one call each, or pickle). With ``--against REV``, the same
+workloads also run on a worktree of ``REV`` (its own store and shapes) and a second ratio
+says how this tree compares. Only user-space instructions are counted: the system calls of
+the round trips (the same for the store and for a PING) are not, so these ratios are above
+the CPU-time ratios of ``benchmarks.bench``.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ WORKLOADS = [
     Workload("pass: report+report+take_step", "take_step", 20, 220, "ping x3"),
     Workload("64 passes, one call each", "singles", 1, 5, None),
     Workload("64 passes, batched", "batched", 1, 5, "64 passes, one call each"),
+    Workload("async runtime, 64 passes", "runtime", 1, 5, "64 passes, one call each"),
+    Workload("codec: PartitionState pickle", "pickle", 20, 220, None),
+    Workload("codec: PartitionState msgspec", "codec", 20, 220, "codec: PartitionState pickle"),
 ]
 QUICK_SCALE = 4  # --quick: a quarter of the units between lo and hi
 
@@ -176,7 +184,10 @@ def main(argv: Iterable[str] | None = None, run: Runner = run_process) -> int:
             stack, workloads, args.against,
             lambda w, tree: per_unit(w, tree, server.url, run, scale),
         )  # fmt: skip
-    units = "instructions per pass (per pair or triple of PINGs), client process, user space"
+    units = (
+        "instructions per unit (a pass; a pair or triple of PINGs; a pass of each of 64 "
+        "requests; an encode+decode), client process, user space"
+    )
     print(table(workloads, counts, other, units))
     return 0 if all(isinstance(v, float) for v in counts.values()) else 1
 

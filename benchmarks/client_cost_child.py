@@ -66,6 +66,62 @@ def _passes(store: Any, batched: bool) -> Unit:
     return unit
 
 
+def _runtime(client: Any, namespace: str, url: str) -> Unit:
+    """One pass of each of 64 requests through ``AsyncReplica.apply_report`` (the runtime
+    scenario's decode loop, its step predicted), the requests' tasks gathered on one loop."""
+    import asyncio
+
+    from benchmarks.scenarios.batch import BATCH, reports_of
+    from benchmarks.scenarios.runtime import REPLICA, _planner
+    from benchmarks.shapes import PASS_RANKS, pass_request, rank_kv
+    from store import AsyncRequestStore, RequestStore
+    from store.runtime import AsyncReplica
+
+    rids = [f"r{i}" for i in range(BATCH)]
+    setup = RequestStore(client, namespace=namespace)
+    for rid in rids:
+        pass_request().create(setup, rid)
+    loop = asyncio.new_event_loop()
+    aclient = redis.asyncio.Redis.from_url(url)
+    replica = AsyncReplica(
+        AsyncRequestStore(aclient, namespace=namespace), planner=_planner(), replica_id=REPLICA
+    )
+    kv = [rank_kv(rank) for rank in range(PASS_RANKS)]
+
+    async def one(rid: str, p: int) -> None:
+        for rank in range(PASS_RANKS):
+            result = await replica.apply_report(reports_of([rid], p, rank, kv[rank])[0])
+            if getattr(result, "drove", None) is None:
+                raise RuntimeError(f"{rid} pass {p} rank {rank}: {result}")
+
+    async def unit_async(p: int) -> None:
+        await asyncio.gather(*(one(rid, p) for rid in rids))
+
+    def unit(p: int) -> None:
+        loop.run_until_complete(unit_async(p))
+
+    return unit
+
+
+def _codec(pickled: bool) -> Unit:
+    """Encode and decode the codec scenario's partition: this tree's codec, or pickle."""
+    import pickle
+
+    from benchmarks.shapes import codec_partition
+    from mstar.conductor.request_info import PartitionState
+    from store import Codec
+
+    state, codec = codec_partition(), Codec()
+
+    def unit(_: int) -> None:
+        if pickled:
+            pickle.loads(pickle.dumps(state))
+        else:
+            codec.decode(codec.encode(state), PartitionState)
+
+    return unit
+
+
 def main(what: str, units: int, url: str) -> None:
     from store import RequestStore
 
@@ -80,6 +136,9 @@ def main(what: str, units: int, url: str) -> None:
             "take_step": lambda: _pass(store, then_step=False),
             "batched": lambda: _passes(store, batched=True),
             "singles": lambda: _passes(store, batched=False),
+            "runtime": lambda: _runtime(client, namespace, url),
+            "codec": lambda: _codec(pickled=False),
+            "pickle": lambda: _codec(pickled=True),
         }[what]()
         unit(0)  # warm: connected, scripts loaded, topologies cached
         # What the start left (imports, the store's tables) is not the pass's: out of the

@@ -339,7 +339,7 @@ def test_client_cost_counts_one_unit_as_the_difference_of_two_runs(
     """Each workload runs for ``lo`` and ``hi`` units; a unit's cost is the difference over
     ``hi - lo``, and each row's ratio is to its reference (fake callgrind output)."""
     per = {"ping2": 100, "ping3": 150, "in_report": 250, "take_step": 330, "singles": 9000}
-    per["batched"] = 3000
+    per |= {"batched": 3000, "runtime": 18000, "pickle": 1500, "codec": 600}
     calls: list[tuple[str, int]] = []
 
     def fake(command: list[str], env: dict[str, str]) -> str:
@@ -353,6 +353,8 @@ def test_client_cost_counts_one_unit_as_the_difference_of_two_runs(
     assert re.search(r"pass: report\+report\(then_step\)\s+250\s+2\.50x", out), out
     assert re.search(r"pass: report\+report\+take_step\s+330\s+2\.20x", out), out
     assert re.search(r"64 passes, batched\s+3,000\s+0\.33x", out), out
+    assert re.search(r"async runtime, 64 passes\s+18,000\s+2\.00x", out), out
+    assert re.search(r"codec: PartitionState msgspec\s+600\s+0\.40x", out), out
     assert ("batched", 1) in calls and ("batched", 5) in calls and ("ping2", 220) in calls
     with pytest.raises(RuntimeError, match="no 'Collected' line"):
         client_cost.collected("valgrind: command not found")
