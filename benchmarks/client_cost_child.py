@@ -75,7 +75,7 @@ def _runtime(client: Any, namespace: str, url: str) -> Unit:
     from benchmarks.scenarios.runtime import REPLICA, _planner
     from benchmarks.shapes import PASS_RANKS, pass_request, rank_kv
     from store import AsyncRequestStore, RequestStore
-    from store.runtime import AsyncReplica
+    from store.runtime import AsyncReplica, ReportStatus
 
     rids = [f"r{i}" for i in range(BATCH)]
     setup = RequestStore(client, namespace=namespace)
@@ -91,7 +91,10 @@ def _runtime(client: Any, namespace: str, url: str) -> Unit:
     async def one(rid: str, p: int) -> None:
         for rank in range(PASS_RANKS):
             result = await replica.apply_report(reports_of([rid], p, rank, kv[rank])[0])
-            if getattr(result, "drove", None) is None:
+            last = rank == PASS_RANKS - 1  # completes the pass and takes the step
+            if getattr(result, "status", None) is not ReportStatus.APPLIED or (
+                last and not result.drove
+            ):
                 raise RuntimeError(f"{rid} pass {p} rank {rank}: {result}")
 
     async def unit_async(p: int) -> None:
