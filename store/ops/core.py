@@ -384,8 +384,11 @@ class Core:
         if not part:
             raise PartitionNotFound(f"no partition {name!r}", request_id=rid, key=key)
         part, pub = to_current(RecordKind.PARTITION, part, pub, request_id=rid, key=key)
-        pub_key = self.keys.publish_info(rid, name)
-        infos = self.published.decode(pub, request_id=rid, key=pub_key)
+        infos = (  # none: a partition read without them (a consumer), or one without any
+            self.published.decode(pub, request_id=rid, key=self.keys.publish_info(rid, name))
+            if pub
+            else {}
+        )
         state = self.partition_layout.decode(
             part, extra={"resource_publish_info": infos}, request_id=rid, key=key
         )
