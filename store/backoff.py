@@ -18,7 +18,9 @@ class RetryPolicy:
     max_attempts: int = 64
     base_delay: float = 0.0002
     max_delay: float = 0.02
-    max_wait: float = 5.0  # how long a merge may step aside for others holding its claim
+    # How long a merge may step aside for another holding its claim (a queue that moves on,
+    # each merge in turn, starts it again: only a claim that does not change is a stall).
+    max_wait: float = 5.0
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
 
     def __post_init__(self) -> None:

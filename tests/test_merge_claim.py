@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import redis
 
 from store import scripts as script_files
@@ -53,3 +54,57 @@ def test_leaving_frees_only_the_leavers_own_claim(client: redis.Redis, namespace
     assert take("a") == 1 and take("b") == 0
     take("b", "LEAVE")  # gives up while "a" holds the claim
     assert client.get(claim) == b"a" and set(client.hgetall(queue)) <= {b"#"}
+
+
+# -- stepping aside: patience for a stall, not for a queue that moves ------------------------
+
+
+def _drive_stepping_aside(writers: list[object], max_wait: float) -> int:
+    """Run ``optimistic`` with a body that steps aside once for each of ``writers`` (about
+    5 ms apart), then commits nothing; how many times it stepped aside."""
+    from store.backoff import RetryPolicy
+    from store.ops.effects import Commit, Sleep, Unwatch, Watch
+    from store.ops.transaction import Plan, optimistic
+
+    asides = 0
+
+    def body(replies: list[object]) -> Plan[str]:
+        nonlocal asides
+        if asides < len(writers):
+            asides += 1
+            return Plan(step_aside=True, waiting_for=writers[asides - 1])
+        return Plan([], "done")
+
+    policy = RetryPolicy(base_delay=0.0, max_delay=0.0, max_wait=max_wait)
+    op = optimistic(["k"], [("GET", "k")], body, policy, {"request_id": "r1", "key": "k"})
+    value: object = None
+    while True:
+        try:
+            effect = op.send(value)
+        except StopIteration as stop:
+            assert stop.value.result == "done"
+            return asides
+        value = None
+        if isinstance(effect, Sleep):
+            time.sleep(0.005)
+        elif isinstance(effect, Watch):
+            value = [b"OK", None]
+        else:
+            assert isinstance(effect, (Unwatch, Commit)), effect
+
+
+def test_a_merge_waits_for_a_moving_queue_longer_than_its_patience() -> None:
+    """Under load a queue of 64 merges taking the claim in turn can outlast ``max_wait``;
+    the last in line must not give up while the claim keeps changing hands."""
+    writers = [f"merge-{i}".encode() for i in range(40)]  # about 0.2 s, against 0.05
+    assert _drive_stepping_aside(writers, max_wait=0.05) == 40
+
+
+def test_a_merge_gives_up_on_a_claim_that_does_not_move() -> None:
+    from store import TransactionConflictError
+
+    stuck = [b"merge-0"] * 40
+    started = time.monotonic()
+    with pytest.raises(TransactionConflictError):
+        _drive_stepping_aside(stuck, max_wait=0.05)
+    assert time.monotonic() - started < 1.0

@@ -148,7 +148,8 @@ def _merge_optimistic(
         if seen is not None:  # this very merge committed before a lost reply
             return Plan([], merged)
         if claimer != own_claim and (claimer is not None or queued):
-            return Plan(step_aside=True)  # another merge holds the claim, or this one waits
+            # another merge holds the claim, or this one waits for its turn
+            return Plan(step_aside=True, waiting_for=claimer)
         for label in labels:
             held_info = merged.get(label)
             if held_info is None:

@@ -42,6 +42,9 @@ class Plan(Generic[T]):
     writes: list[Command] = field(default_factory=list)
     result: T | None = None
     step_aside: bool = False  # another writer has precedence: back off and read again
+    # Which writer it steps aside for: the wait's patience starts again when that changes
+    # (a queue of writers taking turns is progress; one writer holding on is a stall).
+    waiting_for: object = None
 
 
 @dataclass
@@ -63,13 +66,14 @@ def optimistic(
 
     All keys must share one hash slot. Raises ``TransactionConflictError`` when
     ``policy.max_attempts`` tries met a concurrent writer (or the body kept stepping aside
-    for ``policy.max_wait`` seconds), ``StoreConnectionError`` when Redis stayed
-    unreachable; either way nothing of a failed try was written. ``on_retry(failed)``
+    for the same writer for ``policy.max_wait`` seconds), ``StoreConnectionError`` when
+    Redis stayed unreachable; either way nothing of a failed try was written. ``on_retry(failed)``
     runs before each retry. A body that returns ``Plan(step_aside=True)`` waits for another
     writer: that try is not counted as a conflict.
     """
     patience = reconnect.patience()
     waiting = Reconnect(give_up_after=policy.max_wait).patience()
+    waiting_for: object = None  # the writer the last step aside was for
     conflicts = 0
     asides = 0  # tries that stepped aside for another writer
     tries = 0  # reads that could have committed (stepping aside is not a try)
@@ -99,6 +103,9 @@ def optimistic(
                 yield Unwatch()
                 tries -= 1
                 asides += 1
+                if plan.waiting_for != waiting_for:  # the writers ahead moved on
+                    waiting_for = plan.waiting_for
+                    waiting = Reconnect(give_up_after=policy.max_wait).patience()
                 if waiting.next_pause() is None:
                     raise TransactionConflictError(conflicts + 1, **where)
                 continue
