@@ -108,3 +108,26 @@ def test_a_merge_gives_up_on_a_claim_that_does_not_move() -> None:
     with pytest.raises(TransactionConflictError):
         _drive_stepping_aside(stuck, max_wait=0.05)
     assert time.monotonic() - started < 1.0
+
+
+def _busy_waits(holders: list[object], max_wait: float) -> None:
+    """``BusyWait.pause`` once for each of ``holders`` (the claim as each BUSY reply named
+    it), about 5 ms apart."""
+    from store.backoff import RetryPolicy
+    from store.ops.calls import BusyWait
+
+    waiting = BusyWait(RetryPolicy(base_delay=0.0, max_delay=0.0, max_wait=max_wait), {})
+    for holder in holders:
+        for _ in waiting.pause(holder):  # its Sleep
+            time.sleep(0.005)
+
+
+def test_a_server_side_write_waits_out_merges_taking_the_claim_in_turn() -> None:
+    _busy_waits([f"merge-{i}".encode() for i in range(40)], max_wait=0.05)
+
+
+def test_a_server_side_write_gives_up_on_a_claim_that_does_not_move() -> None:
+    from store import TransactionConflictError
+
+    with pytest.raises(TransactionConflictError):
+        _busy_waits([b"merge-0"] * 40, max_wait=0.05)

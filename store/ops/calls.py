@@ -254,7 +254,9 @@ class BusyWait:
     """The waits of a server-side write that found an optimistic merge holding its partition.
 
     Bounded by time (``RetryPolicy.max_wait``), not by a count of tries: while starved merges
-    take the partition in turn, a write steps in between them, however many there are.
+    take the partition in turn, a write steps in between them, however many there are. The
+    time counts from when the claim last changed hands: a queue of merges taking it in turn
+    is progress, one merge holding on (or a claim left to lapse) is a stall.
     """
 
     def __init__(self, retry: RetryPolicy, where: Where) -> None:
@@ -262,10 +264,13 @@ class BusyWait:
         self._where = where
         self._waits = 0
         self._patience: Patience | None = None  # made at the first wait: most never wait
+        self._holder: object = None
 
-    def pause(self) -> Op[None]:
+    def pause(self, holder: object = None) -> Op[None]:
+        """Wait before trying again; ``holder``: the claim's holder, as the script saw it."""
         self._waits += 1
-        if self._patience is None:
+        if self._patience is None or holder != self._holder:
+            self._holder = holder
             self._patience = Reconnect(give_up_after=self._retry.max_wait).patience()
         if self._patience.next_pause() is None:
             raise TransactionConflictError(self._waits, **self._where)

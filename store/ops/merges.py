@@ -77,7 +77,8 @@ def merge_publish_info(
             )
             if reply[0] != b"BUSY":
                 break
-            yield from waiting.pause()  # an optimistic merge holds the partition: it goes first
+            # an optimistic merge holds the partition: it goes first
+            yield from waiting.pause(reply[1] if len(reply) > 1 else None)
         if reply[0] == b"DUP":
             core.instruments.count("duplicates")
         if reply[0] != b"KIND":

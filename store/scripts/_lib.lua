@@ -329,12 +329,14 @@ end
 -- Merges the server applies itself (see store/codec/published.py): ARGV[first..] holds
 -- `n_labels` entries of label, header, m, and m (op, part, value) triples, op "S" setting
 -- the part (the newer value wins) and "M" raising it to the value (max). Returns the list
--- of merges to apply, or the status to return at once: {'BUSY'} while an optimistic merge
--- holds the partition's claim, {'KIND', label} when a label holds another kind.
+-- of merges to apply, or the status to return at once: {'BUSY', holder} while an optimistic
+-- merge holds the partition's claim (the holder tells a waiter whether the claim moved on),
+-- {'KIND', label} when a label holds another kind.
 -- One HMGET per label reads its header and every part an "M" op raises (a call from Lua
 -- costs several times the command it runs).
 local function check_merges(pub, claim, first, n_labels)
-  if redis.call('EXISTS', claim) == 1 then return nil, {'BUSY'} end
+  local claimed_by = redis.call('GET', claim)
+  if claimed_by then return nil, {'BUSY', claimed_by} end
   local merges, pos = {}, first
   for _ = 1, n_labels do
     local label, header, m = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2])

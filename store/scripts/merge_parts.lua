@@ -7,7 +7,7 @@
 -- ARGV[1] schema version   ARGV[2] op id   ARGV[3] dedupe window (seconds)
 -- ARGV[4] history cap      ARGV[5] partition name
 -- ARGV[6] the number of labels; then the merges (see check_merges in _lib.lua).
--- Returns {'OK'}, {'DUP'} (this op was applied already), {'BUSY'} (nothing written),
+-- Returns {'OK'}, {'DUP'} (this op was applied already), {'BUSY', holder} (nothing written),
 -- {'KIND', label} when a label holds another kind (nothing written), or NOKEY/SCHEMA. The
 -- caller reads the merged state back in the same MULTI, which costs the server less than
 -- reading it here.

@@ -32,7 +32,7 @@
 -- 1, with a lease granted: whether p had a check time before; consumers, after a step taken
 -- here, given their keys: the fields of each partition p streams to, as they stand after
 -- it, so the caller decides whether to send their passes without reading them), or an
--- error status: NOKEY/SCHEMA, {'STALE', current_pass}, {'NOWG'}, {'BUSY'},
+-- error status: NOKEY/SCHEMA, {'STALE', current_pass}, {'NOWG'}, {'BUSY', holder},
 -- {'KIND', label}, {'RANGE', field}.
 local part, lease, pub = KEYS[1], KEYS[2], KEYS[3]
 local p, replica, cap = ARGV[9], ARGV[10], ARGV[12]
