@@ -216,17 +216,12 @@ class SyncExecutor:
             _raise_mapped(e, held[0].address)
 
     def _send(self, send: Send) -> list[Any]:
-        endpoint = self._single if not self.cluster else self._endpoint(send.key, send.node)
-        conn = endpoint.take()
+        held = self._take(send.key, send.node)
         try:
-            if send.asking:
-                return round_trip(conn, with_asking(send.commands, True))[1:]
-            return round_trip(conn, send.commands)
-        except BaseException as e:
-            conn.disconnect()
-            _raise_mapped(e, endpoint.address)
+            replies = self._exchange(held, with_asking(send.commands, send.asking))
         finally:
-            endpoint.give_back(conn)
+            held[0].give_back(held[1])
+        return replies[1:] if send.asking else replies
 
     def _send_many(self, pipes: _Pipes, sends: Sequence[Send]) -> list[Any]:
         """One write per server, all written before any is read; a server that fails
