@@ -151,8 +151,6 @@ def decode_sequence(data: bytes | msgspec.Raw, where: Where) -> LazyKVSequenceIn
     pages = plain.page_indices
     if len(data) - len(pages) - 4 > MAX_DEPTH:
         return _decode_other(data, where)
-    if not pages or pages[0] not in _ARRAY_OPENERS:
-        raise CorruptRecordError("stored page indices are not an array", **where)
     return _lazy(plain.seq_len, plain.latest_kv_transfer_info, pages, where)
 
 
@@ -179,13 +177,14 @@ def _decode_other(data: bytes | msgspec.Raw, where: Where) -> LazyKVSequenceInfo
         ) from e
     except RecursionError as e:  # skipping a deep value recurses too
         raise CorruptRecordError("stored value is nested too deeply to decode", **where) from e
-    if not pages or pages[0] not in _ARRAY_OPENERS:
-        raise CorruptRecordError("stored page indices are not an array", **where)
     return _lazy(seq_len, transfer, pages, where)
 
 
 def _lazy(seq_len: int, transfer: Any, pages: bytes, where: Where) -> LazyKVSequenceInfo:
-    seq = object.__new__(LazyKVSequenceInfo)
+    """The sequence read, its page indices kept undecoded once they are seen to be an array."""
+    if not pages or pages[0] not in _ARRAY_OPENERS:
+        raise CorruptRecordError("stored page indices are not an array", **where)
+    seq = _new(LazyKVSequenceInfo)
     held = seq.__dict__
     held["seq_len"] = seq_len
     held["latest_kv_transfer_info"] = transfer
@@ -299,15 +298,11 @@ class _PerSequence(Exception):
 
 
 def _from_array(stored: _ArrayForm, where: Where) -> LazyKVSequenceInfo:
-    transfer, pages = stored.latest_kv_transfer_info, stored.page_indices
-    if len(transfer) > MAX_DEPTH or not pages or pages[0] not in _ARRAY_OPENERS:
+    transfer = stored.latest_kv_transfer_info
+    if len(transfer) > MAX_DEPTH:  # checked for depth first, on the way sequence by sequence
         raise _PerSequence
-    seq = _new(LazyKVSequenceInfo)
-    held = seq.__dict__
-    held["seq_len"] = stored.seq_len
     try:
-        held["latest_kv_transfer_info"] = _decode_any(transfer)
-    except (msgspec.DecodeError, RecursionError) as e:
+        decoded = _decode_any(transfer)
+    except (msgspec.DecodeError, RecursionError) as e:  # named there
         raise _PerSequence from e
-    held[_PENDING] = (pages, where)
-    return seq
+    return _lazy(stored.seq_len, decoded, stored.page_indices, where)
