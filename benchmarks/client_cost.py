@@ -199,14 +199,15 @@ def table(
     units: str,
 ) -> str:
     """Instructions per unit, the ratio to the reference, and to ``against``'s tree."""
-    head = f"{'workload':<34} {'instructions':>14}  {'x reference':>11}"
+    width = max([34, *(len(w.name) for w in workloads)])
+    head = f"{'workload':<{width}} {'instructions':>14}  {'x reference':>11}"
     if against:
         head += f"  {'x ' + against:>14}"
     lines = [head, "-" * len(head)]
     for w in workloads:
         mine = counts[w.name, "this tree"]
         ref = counts.get((w.reference, "this tree")) if w.reference else None
-        row = f"{w.name:<34} {_shown(mine):>14}  "
+        row = f"{w.name:<{width}} {_shown(mine):>14}  "
         row += f"{_ratio(mine, ref):>11}" if w.reference else f"{'-':>11}"
         if against:
             row += f"  {_ratio(mine, counts.get((w.name, against))):>14}"

@@ -130,7 +130,10 @@ def main(what: str, units: int, url: str) -> None:
 
     client = redis.Redis.from_url(url)
     namespace = f"client-cost-{uuid.uuid4().hex[:8]}"
-    store = RequestStore(client, namespace=namespace)
+    # "quiet": the same workload with history off, the reference that prices history.
+    quiet = what.endswith("_quiet")
+    what = what.removesuffix("_quiet")
+    store = RequestStore(client, namespace=namespace, **({"history_cap": 0} if quiet else {}))
     try:
         unit = {
             "ping2": lambda: _pings(client, 2),

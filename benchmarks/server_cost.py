@@ -16,7 +16,9 @@ a few thousand more per pass: compare within one run, or on a quiet machine.
 
 Workloads: ``ping x2`` (the floor: what two round trips cost Redis without a script), and
 the fastpath scenario's 2-rank pass, ``report+report(then_step)`` and
-``report+report+take_step`` (no reference ratio: Redis's target is absolute). With
+``report+report+take_step`` (no reference ratio: Redis's target is absolute), the last
+compared with the same pass with history off (``..._quiet``: what the history stream
+costs, issue 12's target of at most 1.10x, in a count that does not move). With
 ``--against REV`` the same runs on a worktree of ``REV`` (its own store and scripts) and a
 second ratio says how this tree compares.
 """
@@ -45,10 +47,12 @@ from benchmarks.client_cost import (
 )
 from tests.servers import RedisServer
 
+QUIET = "pass: report+report+take_step, history off"
 WORKLOADS = [
     Workload("ping x2", "ping2", 20, 220, None),
     Workload("pass: report+report(then_step)", "in_report", 20, 220, None),
-    Workload("pass: report+report+take_step", "take_step", 20, 220, None),
+    Workload(QUIET, "take_step_quiet", 20, 220, None),
+    Workload("pass: report+report+take_step", "take_step", 20, 220, QUIET),
 ]
 
 # Starts a server (under callgrind) in a folder and gives it back: the default, or a stand-in.

@@ -361,7 +361,9 @@ def test_client_cost_counts_one_unit_as_the_difference_of_two_runs(
 
 
 @pytest.mark.servers
-@pytest.mark.parametrize("what", [w.child for w in client_cost.WORKLOADS])
+@pytest.mark.parametrize(
+    "what", sorted({w.child for w in [*client_cost.WORKLOADS, *server_cost.WORKLOADS]})
+)
 def test_client_cost_workloads_run_on_this_tree(what: str, tmp_path: Path) -> None:
     """What the counts measure still runs (checked passes), without valgrind: the child
     as client_cost starts it, on this tree's store."""
@@ -400,3 +402,6 @@ def test_server_cost_counts_a_unit_on_servers_of_its_own(
     assert re.search(r"ping x2\s+2\s", out), out
     found = re.search(r"pass: report\+report\(then_step\)\s+([\d,]+)\s", out)
     assert found and int(found.group(1).replace(",", "")) > 2, out
+    # With history on, the pass's scripts also append to the stream: more commands.
+    priced = re.search(r"pass: report\+report\+take_step\s+[\d,]+\s+(\d+\.\d\d)x", out)
+    assert priced and float(priced.group(1)) > 1.0, out
