@@ -130,10 +130,11 @@ def main(what: str, units: int, url: str) -> None:
 
     client = redis.Redis.from_url(url)
     namespace = f"client-cost-{uuid.uuid4().hex[:8]}"
-    # "quiet": the same workload with history off, the reference that prices history.
-    quiet = what.endswith("_quiet")
-    what = what.removesuffix("_quiet")
-    store = RequestStore(client, namespace=namespace, **({"history_cap": 0} if quiet else {}))
+    # "<workload>_no_history": the same workload with history off (what prices history).
+    store = RequestStore(client, namespace=namespace)
+    if what.endswith("_no_history"):
+        what = what.removesuffix("_no_history")
+        store = RequestStore(client, namespace=namespace, history_cap=0)
     try:
         unit = {
             "ping2": lambda: _pings(client, 2),
