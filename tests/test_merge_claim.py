@@ -118,7 +118,7 @@ def _busy_waits(holders: list[object], max_wait: float) -> None:
 
     waiting = BusyWait(RetryPolicy(base_delay=0.0, max_delay=0.0, max_wait=max_wait), {})
     for holder in holders:
-        for _ in waiting.pause(holder):  # its Sleep
+        for _ in waiting.pause([b"BUSY", holder]):  # its Sleep
             time.sleep(0.005)
 
 

@@ -266,8 +266,10 @@ class BusyWait:
         self._patience: Patience | None = None  # made at the first wait: most never wait
         self._holder: object = None
 
-    def pause(self, holder: object = None) -> Op[None]:
-        """Wait before trying again; ``holder``: the claim's holder, as the script saw it."""
+    def pause(self, busy: Sequence[Any]) -> Op[None]:
+        """Wait before trying again; ``busy``: the script's reply ``{'BUSY', holder}``, which
+        names the claim's holder as the script saw it."""
+        holder = busy[1] if len(busy) > 1 else None
         self._waits += 1
         if self._patience is None or holder != self._holder:
             self._holder = holder

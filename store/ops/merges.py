@@ -77,8 +77,7 @@ def merge_publish_info(
             )
             if reply[0] != b"BUSY":
                 break
-            # an optimistic merge holds the partition: it goes first
-            yield from waiting.pause(reply[1] if len(reply) > 1 else None)
+            yield from waiting.pause(reply)  # an optimistic merge holds the partition
         if reply[0] == b"DUP":
             core.instruments.count("duplicates")
         if reply[0] != b"KIND":

@@ -239,8 +239,7 @@ def _run_report(
                 yield from index_after_report(core, rid, partition, reply, check)
             return reply
         waiting = waiting or core.busy_waiting(keys[2], request_id=rid)
-        # an optimistic merge holds the partition: it goes first
-        yield from waiting.pause(reply[1] if len(reply) > 1 else None)
+        yield from waiting.pause(reply)  # an optimistic merge holds the partition: it goes first
 
 
 def _merge_first(
