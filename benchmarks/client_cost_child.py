@@ -131,10 +131,13 @@ def main(what: str, units: int, url: str) -> None:
     client = redis.Redis.from_url(url)
     namespace = f"client-cost-{uuid.uuid4().hex[:8]}"
     # "<workload>_no_history": the same workload with history off (what prices history).
-    store = RequestStore(client, namespace=namespace)
-    if what.endswith("_no_history"):
-        what = what.removesuffix("_no_history")
-        store = RequestStore(client, namespace=namespace, history_cap=0)
+    no_history = what.endswith("_no_history")
+    what = what.removesuffix("_no_history")
+    store = (
+        RequestStore(client, namespace=namespace, history_cap=0)
+        if no_history
+        else RequestStore(client, namespace=namespace)
+    )
     try:
         unit = {
             "ping2": lambda: _pings(client, 2),
