@@ -111,8 +111,8 @@ def _codec(pickled: bool) -> Unit:
     import pickle
 
     from benchmarks.shapes import codec_partition
-    from mstar.conductor.request_info import PartitionState
     from store import Codec
+    from store.types import PartitionState
 
     state, codec = codec_partition(), Codec()
 

@@ -36,8 +36,8 @@ import redis
 
 from benchmarks.scenarios.fastpath import current_pass, open_store
 from benchmarks.wire import recording_client
-from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
 from store import RequestStore, scripts
+from store.types import CurrentForwardConductorMetadata, PartitionState
 from tests.servers import RedisServer
 
 NAMESPACE = "mstar-bench-costs"

@@ -14,18 +14,16 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from mstar.conductor.request_info import (
+from store.types import (
     CurrentForwardConductorMetadata,
+    KVSequenceInfo,
     PartitionDefinition,
     PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import (
-    KVSequenceInfo,
     PublishedInfo,
     PublishedKVInfo,
     PublishedPositionInfo,
     SamplingReqConfig,
+    StreamingConnectionState,
 )
 
 HOT = "llm"  # the partition every store operation works on
@@ -129,7 +127,7 @@ def request_shape(*, with_kv: bool) -> RequestShape:
     return RequestShape(
         partitions={"llm": partition("llm", llm_infos), "codec": partition("codec", codec_infos)},
         connections={"llm->codec": StreamingConnectionState("llm", "codec", "audio_tokens")},
-        resource_configs={"sampler": SamplingReqConfig(seed=1234)},
+        resource_configs={"sampler": SamplingReqConfig(_seed=1234)},
         partition_definitions={
             "llm": PartitionDefinition("llm", {"prefill", "decode"}, "prefill"),
             "codec": PartitionDefinition("codec", {"decode"}, "decode", ["llm"]),

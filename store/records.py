@@ -9,13 +9,14 @@ from typing import Any
 
 import msgspec
 
-from mstar.conductor.request_info import (
+from store.types import (
     CurrentForwardConductorMetadata,
     PartitionDefinition,
     PartitionState,
+    PublishedInfo,
+    ResourceReqConfig,
     StreamingConnectionState,
 )
-from mstar.engine.resources import PublishedInfo, ResourceReqConfig
 
 
 @dataclass

@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import migrations
-from migrations import RawRecord, RecordKind
+from store import migrations
 from store.backoff import RetryPolicy
 from store.errors import ConfigurationError, CorruptRecordError, SchemaVersionError, StoreError
 from store.keys import KeySpace
+from store.migrations import RawRecord, RecordKind
 from store.ops.calls import DEFAULT_RECONNECT, Reconnect, hash_reply
 from store.ops.effects import Command, Op
 from store.ops.transaction import Plan, optimistic

@@ -32,11 +32,11 @@ import fakeredis
 import pytest
 import redis
 
-from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
 from store.cli import main as cli
 from store.keys import KeySpace
 from store.stats import Command, flush_commands
 from store.store import RequestStore
+from store.types import CurrentForwardConductorMetadata, PartitionState
 from tests import backends
 from tests.backends import delete_namespace, redis_url_for_tests
 from tests.exclusive import share_the_machine  # noqa: F401  (an autouse fixture)

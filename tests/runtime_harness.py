@@ -17,7 +17,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from mstar.conductor.request_info import PartitionState
 from store import (
     AsyncReplica,
     AsyncRequestStore,
@@ -33,6 +32,7 @@ from store.cli.simulate.planner import SimPlanner
 from store.cli.simulate.reference import canonical, differences
 from store.errors import StoreError
 from store.runtime.decisions import ReportResult
+from store.types import PartitionState
 from tests.stores import LoopThread, async_twin
 
 FAST = Timing(

@@ -9,11 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
-from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo
 from store import Report, RequestState, Step
 from store.cli.simulate import model
 from store.cli.simulate.planner import SimPlanner
+from store.types import (
+    CurrentForwardConductorMetadata,
+    KVSequenceInfo,
+    PartitionState,
+    PublishedKVInfo,
+)
 
 
 class PredictingPlanner(SimPlanner):
@@ -59,7 +63,9 @@ class TwoRankPlanner(SimPlanner):
 def two_rank_reports(request_id: str, fwd_pass: int) -> list[Report]:
     reports = []
     for rank in (0, 1):
-        shard = KVSequenceInfo(seq_len=16 + fwd_pass, page_indices=[rank])
+        shard = KVSequenceInfo(
+            seq_len=16 + fwd_pass, latest_kv_transfer_info=None, page_indices=[rank]
+        )
         kv = PublishedKVInfo(info={rank: {"llm": shard}}, world_size=2)
         report = Report(
             request_id=request_id, partition="llm", fwd_pass=fwd_pass,

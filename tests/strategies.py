@@ -17,23 +17,21 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from mstar.conductor.request_info import (
+from store.codec.kinds import KindRegistry
+from store.types import (
     CurrentForwardConductorMetadata,
     CurrentForwardPassInfo,
+    KVSequenceInfo,
+    NestedLoopIndices,
     PartitionDefinition,
     PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import (
-    KVSequenceInfo,
     PublishedInfo,
     PublishedKVInfo,
     PublishedPositionInfo,
     ResourceReqConfig,
     SamplingReqConfig,
+    StreamingConnectionState,
 )
-from mstar.graph.loop_indices import NestedLoopIndices
-from store.codec.kinds import KindRegistry
 
 # Pure codec properties are cheap; store properties pay round trips on two backends.
 CODEC_SETTINGS = settings(max_examples=75, deadline=None, database=None)
@@ -172,7 +170,7 @@ sampling_config = st.builds(
     top_p=floats,
     ignore_eos=st.booleans(),
     repetition_penalty=floats,
-    seed=st.none() | int64,
+    _seed=int64,
 )
 
 score_info = st.builds(

@@ -9,12 +9,16 @@ from typing import Any
 
 import pytest
 
-from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
-from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo
 from store import Codec, ReplicaRegistry, Step
 from store import acl as store_acl
 from store.cli import main as cli
 from store.health import worst
+from store.types import (
+    CurrentForwardConductorMetadata,
+    KVSequenceInfo,
+    PartitionState,
+    PublishedKVInfo,
+)
 from tests.servers import RedisServer
 from tests.stores import Stores
 from tests.test_concurrency import REGISTRY, TagsInfo  # a kind merged by WATCH/MULTI/EXEC
@@ -52,7 +56,9 @@ def workload(store: Any, client: Any) -> None:
     for rid in ("r-1", "r-2"):
         part = PartitionState("llm", prefill, current_worker_graph_ids={"wg"})
         store.create_request(rid, partitions={"llm": part}, max_output_tokens=8, check_in=0.0)
-    kv = PublishedKVInfo(info={0: {"llm": KVSequenceInfo(seq_len=3, page_indices=[1])}})
+    kv = PublishedKVInfo(
+        info={0: {"llm": KVSequenceInfo(seq_len=3, latest_kv_transfer_info=None, page_indices=[1])}}
+    )
     store.merge_publish_info("r-1", "llm", {"kv": kv})
     store.merge_publish_info("r-2", "llm", {"tags": TagsInfo({"a"})})
     store.merge_publish_info("r-2", "llm", {"tags": TagsInfo({"b"})})

@@ -14,13 +14,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from mstar.conductor.request_info import (
+from store import AsyncReplicaRegistry, AsyncRequestStore, RequestNotFound, StalePassError
+from store.types import (
     CurrentForwardConductorMetadata,
+    KVSequenceInfo,
     PartitionState,
+    PublishedKVInfo,
+    PublishedPositionInfo,
     StreamingConnectionState,
 )
-from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo, PublishedPositionInfo
-from store import AsyncReplicaRegistry, AsyncRequestStore, RequestNotFound, StalePassError
 from tests.servers import RedisServer
 from tests.stores import async_twin
 
@@ -47,7 +49,9 @@ async def create(store: AsyncRequestStore, rid: str) -> None:
 
 
 def kv(rank: int, pass_: int) -> PublishedKVInfo:
-    shard = KVSequenceInfo(seq_len=pass_ + 1, page_indices=list(range(pass_ + 1)))
+    shard = KVSequenceInfo(
+        seq_len=pass_ + 1, latest_kv_transfer_info=None, page_indices=list(range(pass_ + 1))
+    )
     return PublishedKVInfo(info={rank: {f"p{pass_}": shard}}, world_size=2)
 
 

@@ -15,17 +15,6 @@ import msgspec
 import pytest
 import redis
 
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import (
-    PublishedInfo,
-    PublishedPositionInfo,
-    ResourceReqConfig,
-    SamplingReqConfig,
-)
 from store import (
     Codec,
     ConfigurationError,
@@ -41,6 +30,15 @@ from store import (
     ValidationError,
 )
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
+from store.types import (
+    CurrentForwardConductorMetadata,
+    PartitionState,
+    PublishedInfo,
+    PublishedPositionInfo,
+    ResourceReqConfig,
+    SamplingReqConfig,
+    StreamingConnectionState,
+)
 from tests.servers import free_port, no_retry
 from tests.stores import Stores
 

@@ -13,9 +13,14 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
-from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo, PublishedPositionInfo
 from store import Report, ReportOutcome, Step, StoreError, ValidationError
+from store.types import (
+    CurrentForwardConductorMetadata,
+    KVSequenceInfo,
+    PartitionState,
+    PublishedKVInfo,
+    PublishedPositionInfo,
+)
 from tests.stores import Stores
 from tests.strategies import STORE_SETTINGS
 

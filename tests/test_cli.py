@@ -18,22 +18,20 @@ import msgspec
 import pytest
 import redis
 
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionDefinition,
-    PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import (
-    KVSequenceInfo,
-    PublishedKVInfo,
-    PublishedPositionInfo,
-    SamplingReqConfig,
-)
 from store.cli import demo
 from store.cli import main as cli
 from store.schema import SCHEMA_VERSION
 from store.store import RequestStore
+from store.types import (
+    CurrentForwardConductorMetadata,
+    KVSequenceInfo,
+    PartitionDefinition,
+    PartitionState,
+    PublishedKVInfo,
+    PublishedPositionInfo,
+    SamplingReqConfig,
+    StreamingConnectionState,
+)
 from tests.conftest import Run
 
 
@@ -67,11 +65,13 @@ def seed_request(store: RequestStore, rid: str) -> None:
         connections={"llm->codec": StreamingConnectionState("llm", "codec", "llm->codec")},
         max_output_tokens=13,
         seed=7,
-        resource_configs={"sampler": SamplingReqConfig(top_k=5, seed=7)},
+        resource_configs={"sampler": SamplingReqConfig(top_k=5, _seed=7)},
         partition_definitions={"llm": PartitionDefinition("llm", {"prefill", "decode"}, "prefill")},
     )
     for rank in (0, 1):
-        kv = KVSequenceInfo(seq_len=20, page_indices=[rank * 10, rank * 10 + 1])
+        kv = KVSequenceInfo(
+            seq_len=20, latest_kv_transfer_info=None, page_indices=[rank * 10, rank * 10 + 1]
+        )
         store.merge_publish_info(
             rid,
             "llm",
@@ -260,7 +260,7 @@ def test_show_prints_every_part_of_the_request(run: Run, store: RequestStore) ->
     assert out.startswith("request r-1 in namespace")
     assert re.search(r"^  max_output_tokens\s+13$", out, re.MULTILINE)
     assert re.search(r"^  seed\s+7$", out, re.MULTILINE)
-    assert re.search(r"^    sampler\s+sampling temperature=0.6 top_k=5 .* seed=7$", out, re.M)
+    assert re.search(r"^    sampler\s+sampling temperature=0.6 top_k=5 .* _seed=7$", out, re.M)
     assert re.search(r"^    llm\s+name='llm' graph_walks=\{decode, prefill\}", out, re.MULTILINE)
     assert re.search(r"^  final_outputs\s+\{text: 'hello'\}$", out, re.MULTILINE)
     assert "partition llm\n" in out and "partition codec\n" in out
@@ -291,7 +291,7 @@ def test_show_json_parses_back_to_the_stored_state(run: Run, store: RequestStore
         "kind": "sampling",
         "value": {
             "temperature": 0.6, "top_k": 5, "top_p": 1.0, "ignore_eos": False,
-            "repetition_penalty": 1.0, "seed": 7,
+            "repetition_penalty": 1.0, "_seed": 7,
         },
     }  # fmt: skip
     assert data["record"]["partition_definitions"]["llm"]["graph_walks"] == ["decode", "prefill"]

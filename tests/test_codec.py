@@ -11,24 +11,22 @@ from typing import Any
 import pytest
 from hypothesis import given
 
-from mstar.conductor.request_info import (
+from store import Codec, ConfigurationError, KindRegistry, default_registry, register_kind
+from store.types import (
     CurrentForwardConductorMetadata,
     CurrentForwardPassInfo,
+    KVSequenceInfo,
+    NestedLoopIndices,
     PartitionDefinition,
     PartitionState,
-    StreamingConnectionState,
-    merge_publish_info,
-)
-from mstar.engine.resources import (
-    KVSequenceInfo,
     PublishedInfo,
     PublishedKVInfo,
     PublishedPositionInfo,
     ResourceReqConfig,
     SamplingReqConfig,
+    StreamingConnectionState,
+    merge_publish_info,
 )
-from mstar.graph.loop_indices import NestedLoopIndices
-from store import Codec, ConfigurationError, KindRegistry, default_registry, register_kind
 from tests import strategies as s
 from tests.strategies import (
     CODEC_SETTINGS,
@@ -160,7 +158,7 @@ def test_nested_kinds_keep_their_kind(value: BundleInfo) -> None:
 
 
 def test_sets_stay_sets_and_int_keys_stay_ints() -> None:
-    kv = PublishedKVInfo({0: {"a": KVSequenceInfo(1)}, 3: {}, 2**62: {}}, world_size=4)
+    kv = PublishedKVInfo({0: {"a": KVSequenceInfo(1, None)}, 3: {}, 2**62: {}}, world_size=4)
     back = kind_roundtrip(DEFAULT, kv, PublishedInfo)
     assert list(back.info) == [0, 3, 2**62]
     assert all(type(rank) is int for rank in back.info)
@@ -178,7 +176,7 @@ def test_envelope_names_the_kind_not_an_import_path() -> None:
 
 
 def test_default_registry_holds_only_builtin_kinds() -> None:
-    assert set(default_registry.names()) == {"kv", "position", "sampling"}
+    assert set(default_registry.names()) == {"kv", "position", "sampling", "kv_request"}
     assert default_registry.name_of(ScoreInfo) is None
     assert default_registry.name_of(BundleInfo) is None
 
@@ -245,7 +243,7 @@ def test_codec_rejects_a_non_positive_limit() -> None:
 
 
 def seq(n: int) -> KVSequenceInfo:
-    return KVSequenceInfo(seq_len=n, page_indices=[n])
+    return KVSequenceInfo(seq_len=n, latest_kv_transfer_info=None, page_indices=[n])
 
 
 def test_kv_update_overlays_ranks_and_other_wins_per_label() -> None:
@@ -367,7 +365,7 @@ def test_label_context_gt_is_asymmetric(a: NestedLoopIndices, b: NestedLoopIndic
 def test_sampling_takes_only_the_conductor_seed() -> None:
     config = SamplingReqConfig(temperature=0.1)
     config.apply_conductor_config(seed=42, temperature=9.0)
-    assert config == SamplingReqConfig(temperature=0.1, seed=42)
+    assert config == SamplingReqConfig(temperature=0.1, _seed=42)
     config.apply_conductor_config(other=1)
     assert config.seed == 42
 

@@ -21,18 +21,6 @@ from typing import Any
 import fakeredis
 import pytest
 
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionState,
-    StreamingConnectionState,
-    merge_publish_info,
-)
-from mstar.engine.resources import (
-    KVSequenceInfo,
-    PublishedInfo,
-    PublishedKVInfo,
-    PublishedPositionInfo,
-)
 from store import (
     AsyncRequestStore,
     Codec,
@@ -42,6 +30,16 @@ from store import (
     TransactionConflictError,
 )
 from store.codec.kinds import default_registry
+from store.types import (
+    CurrentForwardConductorMetadata,
+    KVSequenceInfo,
+    PartitionState,
+    PublishedInfo,
+    PublishedKVInfo,
+    PublishedPositionInfo,
+    StreamingConnectionState,
+    merge_publish_info,
+)
 from tests import backends
 from tests.backends import delete_namespace, redis_url_for_tests
 from tests.servers import free_port
@@ -151,8 +149,10 @@ def _merge_op(worker: int, i: int) -> dict[str, Any]:
     """Op ``i`` of ``worker``: a fresh object each call, as a merge may update in place.
 
     Every KV shard gets a cache label of its own (a KV merge lets the newer shard win per
-    label, which would make the fold order-dependent) and positions merge by max, so the
-    fold of all ops is the same in every order. Odd ops also carry a user kind, which sends
+    label, which would make the fold order-dependent), every shard names the same world size
+    (the first merge of a label fixes it) and positions are above 0 and merge by max (a
+    label's first merge takes a position of 0 too, a later one does not), so the fold of all
+    ops is the same in every order. Odd ops also carry a user kind, which sends
     the whole merge down the optimistic path; even ones merge on the server.
     """
     rank = worker % 4
@@ -163,9 +163,9 @@ def _merge_op(worker: int, i: int) -> dict[str, Any]:
     )
     op: dict[str, Any] = {
         KV_LABELS[(worker + i) % len(KV_LABELS)]: PublishedKVInfo(
-            info={rank: {f"w{worker}.{i}": shard}}, world_size=rank + 1
+            info={rank: {f"w{worker}.{i}": shard}}, world_size=4
         ),
-        "pos": PublishedPositionInfo(counters={f"w{worker}": i, "shared": 10 * i + worker}),
+        "pos": PublishedPositionInfo(counters={f"w{worker}": i + 1, "shared": 10 * i + worker + 1}),
     }
     if i % 2:
         op["tags"] = TagsInfo({f"w{worker}.{i}"})

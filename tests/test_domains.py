@@ -15,18 +15,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionDefinition,
-    PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import (
-    KVSequenceInfo,
-    PublishedKVInfo,
-    PublishedPositionInfo,
-    SamplingReqConfig,
-)
 from store import Codec, CorruptRecordError, ValidationError
 from store.codec import bounds, domains
 from store.codec.domains import (
@@ -43,6 +31,16 @@ from store.codec.domains import (
 from store.codec.layout import RecordLayout
 from store.codec.leases import decode_leases
 from store.records import Lease, RequestRecord
+from store.types import (
+    CurrentForwardConductorMetadata,
+    KVSequenceInfo,
+    PartitionDefinition,
+    PartitionState,
+    PublishedKVInfo,
+    PublishedPositionInfo,
+    SamplingReqConfig,
+    StreamingConnectionState,
+)
 from tests.strategies import CODEC_SETTINGS, json_like
 
 STORED_TYPES = [

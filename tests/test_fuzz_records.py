@@ -34,20 +34,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mstar.conductor.request_info import (
+from store import Codec, RequestStore
+from store.schema import SCHEMA_VERSION
+from store.types import (
     CurrentForwardConductorMetadata,
+    KVSequenceInfo,
     PartitionDefinition,
     PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import (
-    KVSequenceInfo,
     PublishedKVInfo,
     PublishedPositionInfo,
     SamplingReqConfig,
+    StreamingConnectionState,
 )
-from store import Codec, RequestStore
-from store.schema import SCHEMA_VERSION
 from tests.fuzz_worker import MAX_PAYLOAD_BYTES, read_frame, write_frame
 from tests.strategies import (
     BeamConfig,
@@ -80,7 +78,7 @@ def valid_request() -> dict[str, dict[bytes, bytes]]:
         {
             0: {
                 "decoder": KVSequenceInfo(32, transfer, [5, 900, 70000]),
-                "draft": KVSequenceInfo(2),
+                "draft": KVSequenceInfo(2, None),
             },
             1: {"decoder": KVSequenceInfo(32, None, [6, 901])},
         },
@@ -120,7 +118,7 @@ def valid_request() -> dict[str, dict[bytes, bytes]]:
         max_output_tokens=64,
         seed=11,
         resource_configs={
-            "sampler": SamplingReqConfig(0.7, seed=3),
+            "sampler": SamplingReqConfig(0.7, _seed=3),
             "beam": BeamConfig(2, {1: 0.5}),
         },
         partition_definitions={

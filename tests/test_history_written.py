@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import redis
 
-from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
 from store import FencedError, Step
 from store.cli.history import decode_entry
+from store.types import CurrentForwardConductorMetadata, PartitionState
 from tests.stores import Stores
 
 MD = CurrentForwardConductorMetadata("decode", False)

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import redis
 
-from mstar.conductor.request_info import (
+from store import Codec, RequestExistsError, RequestStore
+from store.io import sync as transaction
+from store.types import (
     CurrentForwardConductorMetadata,
     PartitionState,
     StreamingConnectionState,
 )
-from store import Codec, RequestExistsError, RequestStore
-from store.io import sync as transaction
 from tests.servers import RedisServer
 from tests.strategies import SumInfo, user_registry
 

@@ -17,11 +17,11 @@ import msgspec
 import pytest
 from hypothesis import given
 
-from mstar.engine.resources import KVSequenceInfo, PublishedInfo, PublishedKVInfo
 from store import Codec, CorruptRecordError, ValidationError
 from store.codec.kv import LazyKVSequenceInfo, decode_sequence, encode_sequence
 from store.codec.published import PublishLayout
 from store.schema import SCHEMA_VERSION
+from store.types import KVSequenceInfo, PublishedInfo, PublishedKVInfo
 from tests import strategies as s
 
 WHERE: dict[str, str | None] = {"request_id": "r1", "key": "ns:{r1}:pub:llm", "field": "kv"}
@@ -108,7 +108,7 @@ def test_damaged_page_indices_raise_where_they_were_stored_when_read(pages: byte
     with pytest.raises(CorruptRecordError):
         msgspec.to_builtins(lazy)
     with pytest.raises(CorruptRecordError):
-        _ = lazy == KVSequenceInfo(7)
+        _ = lazy == KVSequenceInfo(7, None)
 
 
 def test_a_partition_read_back_through_the_layout_reads_its_pages_lazily() -> None:
@@ -125,7 +125,7 @@ def test_a_partition_read_back_through_the_layout_reads_its_pages_lazily() -> No
     assert back == info
     # Merging it with the domain's own update keeps it equal to the eager result.
     eager = copy.deepcopy(info)
-    update = PublishedKVInfo({1: {"a": KVSequenceInfo(2)}}, world_size=2)
+    update = PublishedKVInfo({1: {"a": KVSequenceInfo(2, None)}}, world_size=2)
     back.update(update)
     eager.update(update)
     assert back == eager
@@ -156,8 +156,8 @@ def test_v4_map_form_reads_the_same() -> None:
 @pytest.mark.parametrize(
     ("seq", "error", "message"),
     [
-        (KVSequenceInfo(-1), ValidationError, "seq_len must be an int >= 0 and < 2\\*\\*63"),
-        (KVSequenceInfo(True), ValidationError, "seq_len must be an int"),
+        (KVSequenceInfo(-1, None), ValidationError, "seq_len must be an int >= 0 and < 2\\*\\*63"),
+        (KVSequenceInfo(True, None), ValidationError, "seq_len must be an int"),
         (KVSequenceInfo(1, None, (1, 2)), TypeError, "page_indices must be a list"),
         ("seq", TypeError, "expected KVSequenceInfo"),
         (KVSequenceInfo(1, None, [2**64]), OverflowError, "serialize ints"),

@@ -8,16 +8,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import PublishedPositionInfo, SamplingReqConfig
 from store import Codec, CorruptRecordError, UnknownKindError, ValidationError
 from store.codec.layout import RecordLayout
 from store.records import RequestRecord
 from store.schema import SCHEMA_VERSION, VERSION_FIELD
+from store.types import (
+    CurrentForwardConductorMetadata,
+    PartitionState,
+    PublishedPositionInfo,
+    SamplingReqConfig,
+    StreamingConnectionState,
+)
 from tests import strategies as s
 from tests.strategies import CODEC_SETTINGS, BeamConfig, user_registry
 

@@ -17,13 +17,14 @@ import redis
 
 import store.ops.core
 import store.ops.lifecycle
-from mstar.conductor.request_info import (
+from store import Step
+from store.types import (
     CurrentForwardConductorMetadata,
+    KVSequenceInfo,
     PartitionState,
+    PublishedKVInfo,
     StreamingConnectionState,
 )
-from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo
-from store import Step
 from tests.stores import Stores
 
 MD = CurrentForwardConductorMetadata("decode", False)

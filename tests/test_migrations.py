@@ -17,28 +17,28 @@ import pytest
 import redis
 from hypothesis import given
 
-import migrations
-from migrations import RawRecord, RecordKind
-from migrations import m0002_resource_publish_info as m0002
-from migrations import m0003_worker_graph_ids_as_str as m0003
-from migrations import m0004_split_published_parts as m0004
-from migrations import m0005_compact_kv_sequences as m0005
-from migrations.record import envelope_version, stamp_envelope
-from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
-from mstar.engine.resources import (
-    KVSequenceInfo,
-    PublishedInfo,
-    PublishedKVInfo,
-    PublishedPositionInfo,
-)
-from store import CorruptRecordError, RequestStore, SchemaVersionError
+from store import CorruptRecordError, RequestStore, SchemaVersionError, migrations
 from store.codec.layout import RecordLayout
 from store.codec.published import PublishLayout
 from store.codec.values import Codec
 from store.keys import KeySpace
 from store.migrate import MigrationReport, migrate_namespace
+from store.migrations import RawRecord, RecordKind
+from store.migrations import m0002_resource_publish_info as m0002
+from store.migrations import m0003_worker_graph_ids_as_str as m0003
+from store.migrations import m0004_split_published_parts as m0004
+from store.migrations import m0005_compact_kv_sequences as m0005
+from store.migrations.record import envelope_version, stamp_envelope
 from store.records import RequestRecord, RequestState
 from store.schema import SCHEMA_VERSION
+from store.types import (
+    CurrentForwardConductorMetadata,
+    KVSequenceInfo,
+    PartitionState,
+    PublishedInfo,
+    PublishedKVInfo,
+    PublishedPositionInfo,
+)
 from store.upgrade import from_hashes, to_hashes, upgrade_record
 from tests import backends, fixtures
 from tests import strategies as s
@@ -77,7 +77,7 @@ def test_m0002_turns_per_label_seq_info_into_kv_envelopes() -> None:
     infos = {k: codec.decode_kind(v, PublishedInfo) for k, v in new.published.items()}
     assert infos == {
         "kv": PublishedKVInfo(
-            info={0: {"kv": KVSequenceInfo(5, ["h", 1], [3])}, 2: {"kv": KVSequenceInfo(5)}},
+            info={0: {"kv": KVSequenceInfo(5, ["h", 1], [3])}, 2: {"kv": KVSequenceInfo(5, None)}},
             world_size=3,
         ),
         "draft": PublishedKVInfo(info={0: {"draft": KVSequenceInfo(1, None, [7, 8])}}),
@@ -195,7 +195,7 @@ def test_m0004_splits_kv_and_position_infos_and_restamps_the_rest() -> None:
     assert decoded["kv"] == PublishedKVInfo(
         info={
             0: {"kv": KVSequenceInfo(5, ["h", 1], [3])},
-            1: {"kv": KVSequenceInfo(2), "draft": KVSequenceInfo(0, None, [7, 8])},
+            1: {"kv": KVSequenceInfo(2, None), "draft": KVSequenceInfo(0, None, [7, 8])},
             3: {},
         },
         world_size=4,
@@ -290,10 +290,10 @@ def test_m0005_stores_kv_sequences_as_arrays_and_restamps_the_rest() -> None:
         {k.encode(): v for k, v in new.published.items()}
     )
     assert decoded["kv"] == PublishedKVInfo(
-        {0: {"kv": KVSequenceInfo(5, {"host": "h"}, [3, 70000]), "a:b": KVSequenceInfo()}},
+        {0: {"kv": KVSequenceInfo(5, {"host": "h"}, [3, 70000]), "a:b": KVSequenceInfo(0, None)}},
         world_size=4,
     )
-    assert decoded["big"] == PublishedKVInfo({0: {"kv": KVSequenceInfo(3)}}, world_size=2)
+    assert decoded["big"] == PublishedKVInfo({0: {"kv": KVSequenceInfo(3, None)}}, world_size=2)
 
 
 @pytest.mark.parametrize(
@@ -461,7 +461,7 @@ def _advance(store: RequestStore, expected: RequestState) -> None:
 
 
 def _merge(store: RequestStore, expected: RequestState) -> None:
-    shard = PublishedKVInfo(info={2: {"kv_cache": KVSequenceInfo(12)}}, world_size=3)
+    shard = PublishedKVInfo(info={2: {"kv_cache": KVSequenceInfo(12, None)}}, world_size=3)
     merged = store.merge_publish_info("r1", "llm", {"kv_cache": shard})
     info = expected.partitions["llm"].resource_publish_info["kv_cache"]
     info.update(shard)

@@ -19,19 +19,17 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mstar.conductor.request_info import (
+from store import Codec, CorruptRecordError, KindRegistry, RequestStore, ValidationError
+from store.schema import SCHEMA_VERSION
+from store.types import (
     CurrentForwardConductorMetadata,
-    PartitionState,
-    merge_publish_info,
-)
-from mstar.engine.resources import (
     KVSequenceInfo,
+    PartitionState,
     PublishedInfo,
     PublishedKVInfo,
     PublishedPositionInfo,
+    merge_publish_info,
 )
-from store import Codec, CorruptRecordError, KindRegistry, RequestStore, ValidationError
-from store.schema import SCHEMA_VERSION
 from tests.stores import Stores
 from tests.strategies import STORE_SETTINGS, ScoreInfo, user_registry
 

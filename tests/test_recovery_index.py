@@ -13,8 +13,8 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
 from store import FencedError, Lease, RequestStore, Step
+from store.types import CurrentForwardConductorMetadata, PartitionState
 
 META = CurrentForwardConductorMetadata(graph_walk="prefill", is_prefill=True)
 TTL = 0.3

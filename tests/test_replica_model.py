@@ -75,20 +75,6 @@ from hypothesis.stateful import (
 
 import store.ops.core
 import store.ops.lifecycle
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionDefinition,
-    PartitionState,
-    StreamingConnectionState,
-    merge_publish_info,
-)
-from mstar.engine.resources import (
-    KVSequenceInfo,
-    PublishedInfo,
-    PublishedKVInfo,
-    PublishedPositionInfo,
-    SamplingReqConfig,
-)
 from store import (
     RequestExistsError,
     RequestRecord,
@@ -98,6 +84,18 @@ from store import (
 )
 from store.errors import FencedError, StoreError
 from store.records import Lease, Step
+from store.types import (
+    CurrentForwardConductorMetadata,
+    KVSequenceInfo,
+    PartitionDefinition,
+    PartitionState,
+    PublishedInfo,
+    PublishedKVInfo,
+    PublishedPositionInfo,
+    SamplingReqConfig,
+    StreamingConnectionState,
+    merge_publish_info,
+)
 from tests import backends
 from tests.conftest import delete_namespace, new_namespace
 
@@ -599,7 +597,7 @@ class ReplicaMachine(RuleBasedStateMachine):
             "connections": connections,
             "max_output_tokens": max_tokens,
             "seed": seed,
-            "resource_configs": {"sampling": SamplingReqConfig(seed=seed)},
+            "resource_configs": {"sampling": SamplingReqConfig(_seed=seed)},
             "partition_definitions": definitions,
             "op_id": f"create-{rid}",
             "check_in": check_in,
@@ -616,7 +614,7 @@ class ReplicaMachine(RuleBasedStateMachine):
             partitions=list(partitions),
             connections=list(connections),
             partition_definitions=copy.deepcopy(definitions),
-            resource_configs={"sampling": SamplingReqConfig(seed=seed)},
+            resource_configs={"sampling": SamplingReqConfig(_seed=seed)},
         )
         model = RequestModel(
             create_kwargs=kwargs,

@@ -11,11 +11,6 @@ from typing import Any
 
 import pytest
 
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionState,
-    StreamingConnectionState,
-)
 from store import (
     ConfigurationError,
     FencedError,
@@ -35,6 +30,11 @@ from store.runtime import decisions, recovery
 from store.runtime.books import Books
 from store.runtime.decisions import Call, Failpoint, ReportStatus
 from store.runtime.timing import HEARTBEAT, REAP, RECOVERY, Deadlines, Latencies, Schedule
+from store.types import (
+    CurrentForwardConductorMetadata,
+    PartitionState,
+    StreamingConnectionState,
+)
 
 pytestmark = pytest.mark.fake
 

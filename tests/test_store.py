@@ -13,18 +13,6 @@ import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionDefinition,
-    PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import (
-    KVSequenceInfo,
-    PublishedKVInfo,
-    PublishedPositionInfo,
-    SamplingReqConfig,
-)
 from store import (
     Codec,
     ConnectionNotFound,
@@ -39,6 +27,16 @@ from store import (
     ValidationError,
 )
 from store import scripts as script_files
+from store.types import (
+    CurrentForwardConductorMetadata,
+    KVSequenceInfo,
+    PartitionDefinition,
+    PartitionState,
+    PublishedKVInfo,
+    PublishedPositionInfo,
+    SamplingReqConfig,
+    StreamingConnectionState,
+)
 from tests import strategies as s
 from tests.stores import Stores
 from tests.strategies import STORE_SETTINGS, BeamConfig, ScoreInfo, user_registry
@@ -70,7 +68,7 @@ def create_two_partitions(
         connections={LLM_TO_CODEC: StreamingConnectionState("llm", "codec", "tokens")},
         max_output_tokens=64,
         seed=7,
-        resource_configs=configs or {"sampler": SamplingReqConfig(temperature=0.2, seed=7)},
+        resource_configs=configs or {"sampler": SamplingReqConfig(temperature=0.2, _seed=7)},
         partition_definitions={
             "llm": PartitionDefinition("llm", {"prefill", "decode"}, "prefill"),
             "codec": PartitionDefinition("codec", {"prefill"}, "prefill", ["llm"]),
@@ -177,7 +175,7 @@ def test_full_lifecycle(store: RequestStore, client: redis.Redis, namespace: str
     assert state.record.seed == 7
     assert state.record.partitions == ["llm", "codec"]
     assert state.record.connections == [LLM_TO_CODEC]
-    assert state.record.resource_configs == {"sampler": SamplingReqConfig(temperature=0.2, seed=7)}
+    assert state.record.resource_configs == {"sampler": SamplingReqConfig(temperature=0.2, _seed=7)}
     assert state.record.partition_definitions["codec"].producer_partitions == ["llm"]
     assert state.connections[LLM_TO_CODEC].token_count == 3
 

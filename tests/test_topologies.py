@@ -13,17 +13,6 @@ import pytest
 import redis
 from redis.cluster import RedisCluster as ClusterClient
 
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import (
-    KVSequenceInfo,
-    PublishedInfo,
-    PublishedKVInfo,
-    PublishedPositionInfo,
-)
 from store import (
     Codec,
     KindRegistry,
@@ -31,6 +20,15 @@ from store import (
     RequestNotFound,
     RequestStore,
     StoreConnectionError,
+)
+from store.types import (
+    CurrentForwardConductorMetadata,
+    KVSequenceInfo,
+    PartitionState,
+    PublishedInfo,
+    PublishedKVInfo,
+    PublishedPositionInfo,
+    StreamingConnectionState,
 )
 from tests.servers import RedisCluster, RedisSentinel, RedisServer
 from tests.stores import Stores

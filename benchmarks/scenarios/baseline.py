@@ -14,7 +14,7 @@ import redis
 
 from benchmarks.harness import Bench, Case, Op, Row, Scenario, Spec, Verify, Worker
 from benchmarks.shapes import HOT, RANKS, kv_shard, naive_request, positions
-from mstar.conductor.request_info import merge_publish_info
+from store.types import merge_publish_info
 
 MODULE = __name__
 PROCS = (1, 4, 16)

@@ -24,9 +24,8 @@ from typing import Any
 from benchmarks.harness import Bench, Check, Row, Scenario, figure
 from benchmarks.harness import ratio_check as ratio
 from benchmarks.shapes import codec_partition
-from mstar.conductor.request_info import PartitionState
-from mstar.engine.resources import PublishedInfo, PublishedKVInfo
 from store import Codec
+from store.types import PartitionState, PublishedInfo, PublishedKVInfo
 
 # name -> (encode, decode, size of the encoded, the original, the row it is compared with)
 Pair = tuple[Callable[[], Any], Callable[[Any], Any], Callable[[Any], int], Any, str]

@@ -16,24 +16,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionDefinition,
-    PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import (
-    KVSequenceInfo,
-    PublishedInfo,
-    PublishedKVInfo,
-    PublishedPositionInfo,
-    SamplingReqConfig,
-)
 from store.cli.main import add_common_options, open_store
 from store.cli.view import connection_progress
 from store.io.connect import redacted
 from store.records import RequestState
 from store.store import RequestStore
+from store.types import (
+    CurrentForwardConductorMetadata,
+    KVSequenceInfo,
+    PartitionDefinition,
+    PartitionState,
+    PublishedInfo,
+    PublishedKVInfo,
+    PublishedPositionInfo,
+    SamplingReqConfig,
+    StreamingConnectionState,
+)
 
 LLM, CODEC, STREAM = "llm", "codec", "llm->codec"
 LLM_WG, CODEC_WG = "llm-tp2", "codec-wg"

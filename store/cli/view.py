@@ -16,12 +16,16 @@ from typing import Any
 
 import msgspec
 
-from mstar.conductor.request_info import PartitionState, StreamingConnectionState
-from mstar.engine.resources import PublishedKVInfo, PublishedPositionInfo
 from store.cli.main import add_common_options, open_store
 from store.codec.kinds import POLYMORPHIC_BASES, KindRegistry
 from store.errors import RequestNotFound, StoreError
 from store.records import Lease, RequestState
+from store.types import (
+    PartitionState,
+    PublishedKVInfo,
+    PublishedPositionInfo,
+    StreamingConnectionState,
+)
 
 # Shown in the request's header or as sections of their own, not as record fields.
 _RECORD_HEADER_FIELDS = ("request_id", "partitions", "connections", "created_at")

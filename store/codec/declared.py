@@ -15,11 +15,11 @@ from typing import Any
 
 import msgspec
 
-from mstar.engine.resources import KVSequenceInfo
 from store.codec.bounds import check_written_depth
 from store.codec.domains import Domain, IntDomain, check_number
 from store.codec.kinds import MAX_KIND_NAME_LENGTH, POLYMORPHIC_BASES
 from store.errors import ValidationError
+from store.types import KVSequenceInfo
 
 PLAIN_TYPES: tuple[Any, ...] = (Any, object, dict, list, set, frozenset, tuple)
 

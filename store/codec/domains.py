@@ -23,15 +23,16 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from mstar.conductor.request_info import PartitionState, StreamingConnectionState
-from mstar.engine.resources import (
+from store.errors import CorruptRecordError, ValidationError
+from store.records import Lease, RequestRecord
+from store.types import (
     KVSequenceInfo,
+    PartitionState,
     PublishedKVInfo,
     PublishedPositionInfo,
     SamplingReqConfig,
+    StreamingConnectionState,
 )
-from store.errors import CorruptRecordError, ValidationError
-from store.records import Lease, RequestRecord
 
 T = TypeVar("T")
 
@@ -147,7 +148,7 @@ FIELDS: Mapping[type, Mapping[str, Domain]] = {
 # not interpret them: they are the sampler's or the KV cache's business.
 UNBOUNDED: Mapping[type, frozenset[str]] = {
     KVSequenceInfo: frozenset({"page_indices"}),
-    SamplingReqConfig: frozenset({"temperature", "top_k", "top_p", "repetition_penalty", "seed"}),
+    SamplingReqConfig: frozenset({"temperature", "top_k", "top_p", "repetition_penalty", "_seed"}),
 }
 
 

@@ -14,14 +14,15 @@ from typing import TypeVar, overload
 
 import msgspec
 
-from mstar.engine.resources import (
+from store.errors import ConfigurationError
+from store.types import (
+    KVReqConfig,
     PublishedInfo,
     PublishedKVInfo,
     PublishedPositionInfo,
     ResourceReqConfig,
     SamplingReqConfig,
 )
-from store.errors import ConfigurationError
 
 POLYMORPHIC_BASES: tuple[type, ...] = (PublishedInfo, ResourceReqConfig)
 MAX_KIND_NAME_LENGTH = 100
@@ -81,6 +82,7 @@ default_registry = KindRegistry()
 default_registry.register(PublishedKVInfo, "kv")
 default_registry.register(PublishedPositionInfo, "position")
 default_registry.register(SamplingReqConfig, "sampling")
+default_registry.register(KVReqConfig, "kv_request")
 
 
 @overload

@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo
 from store.codec import bounds
 from store.codec.bounds import MAX_DEPTH
 from store.codec.domains import KV_RANK, SEQ_LEN, WORLD_SIZE, check_int
+from store.codec.tagged import ext_hook, tag
 from store.errors import CorruptRecordError, ValidationError
+from store.types import KVSequenceInfo, PublishedKVInfo
 
 Where = dict[str, "str | None"]
 
@@ -78,9 +79,9 @@ class _MapForm(msgspec.Struct):
 
 
 _array_form = msgspec.msgpack.Decoder(_ArrayForm)
-_array_form_plain = msgspec.msgpack.Decoder(_ArrayFormPlain)
+_array_form_plain = msgspec.msgpack.Decoder(_ArrayFormPlain, ext_hook=ext_hook)
 _map_form = msgspec.msgpack.Decoder(_MapForm)
-_any = msgspec.msgpack.Decoder()
+_any = msgspec.msgpack.Decoder(ext_hook=ext_hook)
 _decode_any = _any.decode
 _new = object.__new__
 _pages = msgspec.msgpack.Decoder(list[int])
@@ -214,7 +215,7 @@ def encode_sequence(seq: Any) -> bytes:
         if type(indices) is not list:
             raise TypeError(f"page_indices must be a list, got {type(indices).__name__}")
         pages = _encode(indices)
-    transfer = seq.latest_kv_transfer_info
+    transfer = tag(seq.latest_kv_transfer_info)  # a transfer descriptor keeps its class
     data = _encode((seq_len, transfer, pages))
     # Besides the transfer info, the array holds at least 4 bytes (its header, seq_len, the
     # pages' bin header) and the pages: a transfer info in what is left cannot nest deeper.

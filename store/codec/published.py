@@ -8,11 +8,14 @@ they are split into parts and merged in one script, with no WATCH and no retry h
 replicas merge at once:
 
     kv        "<label>" = [version, "kv", nil]         header: the label holds a kv info
-              "<label>[world_size]" = "4"              max
+              "<label>[world_size]" = "4"              the first one stays
               "<label>[<rank>]" = ""                   the rank is held (its labels may be none)
               "<label>[<rank>:<cache label>]" = KVSequenceInfo (see ``kv``)  other wins
     position  "<label>" = [version, "position", nil]
-              "<label>[<counter label>]" = "17"        max
+              "<label>[<counter label>]" = "17"        raised only (a new one from 0)
+
+A label not held yet takes the info whole, parts as given, as the engine's
+``merge_publish_info`` does.
 
 The split applies to exactly ``PublishedKVInfo`` / ``PublishedPositionInfo`` (a subclass may
 merge differently); it gives the same result as ``update``, which the tests check against
@@ -29,7 +32,6 @@ from typing import Any
 
 import msgspec
 
-from mstar.engine.resources import PublishedInfo, PublishedKVInfo, PublishedPositionInfo
 from store.codec.bounds import parse_int
 from store.codec.domains import KV_RANK, POSITION, WORLD_SIZE, IntDomain, check_int, check_stored
 from store.codec.kv import decode_sequence, encode_sequence
@@ -43,11 +45,13 @@ from store.errors import (
 )
 from store.keys import MAX_NAME_LENGTH
 from store.schema import SCHEMA_VERSION
+from store.types import PublishedInfo, PublishedKVInfo, PublishedPositionInfo
 
-SET, MAX = "S", "M"
+SET, MAX, KEEP = "S", "M", "K"
 _NIL = msgspec.msgpack.encode(None)
 
-# An info's parts, flat as the merge script takes them: SET or MAX, part name, value, ...
+# An info's parts, flat as the merge script takes them: SET, MAX or KEEP, part name, value,
+# ... A label not held yet takes every part as given (see check_merges in _lib.lua).
 Parts = list[Any]
 Where = dict[str, "str | None"]
 
@@ -110,7 +114,7 @@ class _KVParts:
         low, high = _WORLD_SIZES
         if type(world_size) is not int or not low <= world_size < high:
             check_int(world_size, WORLD_SIZE, what="kv world_size", **where)
-        out: Parts = [MAX, "world_size", str(world_size).encode()]
+        out: Parts = [KEEP, "world_size", str(world_size).encode()]
         ranks = info.info
         low, high = _KV_RANKS
         for rank, labels in (

@@ -20,7 +20,6 @@ from typing import Any
 
 import msgspec
 
-from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo
 from store.codec.bounds import MAX_DEPTH, check_stored_depth
 from store.codec.declared import (
     KindName,
@@ -46,6 +45,7 @@ from store.codec.kv import (
     kv_info_from_wire,
     kv_info_to_wire,
 )
+from store.codec.tagged import ext_hook, tag
 from store.errors import (
     ConfigurationError,
     CorruptRecordError,
@@ -57,6 +57,7 @@ from store.errors import (
     UnknownStoredKindError,
 )
 from store.schema import SCHEMA_VERSION
+from store.types import KVSequenceInfo, PublishedKVInfo
 
 DEFAULT_MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 MAX_KIND_NESTING = 32
@@ -134,7 +135,7 @@ class Codec:
         """``value`` through its plan, behind ``header`` items when given; size checked."""
         try:
             if plan.checked is not None and not header:  # on its own: written once
-                data = self._encoder.encode(value)
+                data = self._encoder.encode(tag(value))
                 if len(data) > MAX_DEPTH:
                     refuse_too_deep(data)
                 self.check_size(data, **where)
@@ -241,7 +242,9 @@ class Codec:
     def _decoder(self, wire_type: Any) -> msgspec.msgpack.Decoder[Any]:
         decoder = self._decoders.get(wire_type)
         if decoder is None:
-            decoder = self._decoders[wire_type] = msgspec.msgpack.Decoder(wire_type)
+            decoder = self._decoders[wire_type] = msgspec.msgpack.Decoder(
+                wire_type, ext_hook=ext_hook
+            )
         return decoder
 
     def _plan(self, tp: Any) -> _Plan:
@@ -314,7 +317,8 @@ class Codec:
         return _Plan(tp)
 
     def _depth_checked(self, plan: _Plan) -> _Plan:
-        """``plan`` for a value that holds plain data (``Any``), whose nesting is capped.
+        """``plan`` for a value that holds plain data (``Any``), whose nesting is capped and
+        whose engine values keep their classes (``tagged``).
 
         msgspec decodes such a value only after its depth was checked on its own bytes
         (cheaply, see ``bounds.too_deep``); it is encoded on its own too, so that what is
@@ -323,7 +327,7 @@ class Codec:
         decoder, encoder = self._decoder(plan.wire_type), self._encoder
 
         def to_wire(value: Any) -> msgspec.Raw:
-            data = encoder.encode(value)
+            data = encoder.encode(tag(value))
             if len(data) > MAX_DEPTH:
                 refuse_too_deep(data)
             return msgspec.Raw(data)
@@ -378,7 +382,15 @@ class Codec:
         hints = typing.get_type_hints(cls)
         names = [f.name for f in dataclasses.fields(cls) if f.init]
         domains = {n: d for n, d in field_domains(cls).items() if n in names}
-        if not domains and all(self._inner(hints[n]).to_wire is None for n in names):
+        # A private field travels under its public name (SamplingReqConfig's ``_seed`` as
+        # ``seed``, as records held it before the engine made it private).
+        public = {n: n[1:] for n in names if n.startswith("_") and n[1:] not in names}
+        # An int in a float field (the engine's ``top_p: float = 1``) is written as the float
+        # it reads back as, so that what is written once reads back and writes the same.
+        floats = frozenset(n for n in names if hints[n] is float)
+        if not (domains or public or floats) and all(
+            self._inner(hints[n]).to_wire is None for n in names
+        ):
             return _Plan(cls)
         plans = {name: self._plan(hints[name]) for name in names}
         wire = msgspec.defstruct(
@@ -387,8 +399,11 @@ class Codec:
                 (n, bounded(plans[n].wire_type, domains.get(n)) | msgspec.UnsetType, msgspec.UNSET)
                 for n in names
             ],
+            rename=public or None,
         )
-        converters = [(n, plans[n].to_wire) for n in names]
+        converters = [
+            (n, public.get(n, n), _as_float if n in floats else plans[n].to_wire) for n in names
+        ]
         back = [(n, p.from_wire) for n, p in plans.items() if p.from_wire is not None]
         unset, asdict = msgspec.UNSET, msgspec.structs.asdict
         checks = [
@@ -399,7 +414,8 @@ class Codec:
             for name, check in checks:
                 check(getattr(value, name))
             return {
-                n: getattr(value, n) if f is None else f(getattr(value, n)) for n, f in converters
+                w: getattr(value, n) if f is None else f(getattr(value, n))
+                for n, w, f in converters
             }
 
         def from_wire(value: Any, context: _Context) -> Any:
@@ -417,3 +433,7 @@ class Codec:
                 raise msgspec.ValidationError(f"{cls.__name__}: {e}") from e
 
         return _Plan(wire, to_wire, from_wire)
+
+
+def _as_float(value: Any) -> Any:
+    return float(value) if type(value) is int else value

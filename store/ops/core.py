@@ -19,13 +19,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from migrations import RecordKind
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import PublishedInfo
 from store import scripts as script_files
 from store.backoff import RetryPolicy
 from store.codec import Codec
@@ -42,6 +35,7 @@ from store.errors import (
     ValidationError,
 )
 from store.keys import KeySpace
+from store.migrations import RecordKind
 from store.observe import Instruments
 from store.ops.calls import (
     DEFAULT_RECONNECT,
@@ -59,6 +53,12 @@ from store.ops.calls import (
 from store.ops.effects import Command, Disconnected, ErrorReply, Op, Send, SendMany
 from store.records import Lease, RequestRecord
 from store.schema import SCHEMA_VERSION
+from store.types import (
+    CurrentForwardConductorMetadata,
+    PartitionState,
+    PublishedInfo,
+    StreamingConnectionState,
+)
 from store.upgrade import RecordOutdated, parse_version, to_current, upgrade_stored
 
 SCRIPT_NAMES = (

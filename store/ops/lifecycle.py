@@ -7,7 +7,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from mstar.conductor.request_info import PartitionState, StreamingConnectionState
 from store.codec import domains
 from store.errors import (
     RequestExistsError,
@@ -22,6 +21,7 @@ from store.ops.core import VERSION, Core, Topology, deadline_member, join_ids
 from store.ops.effects import Op, Send
 from store.ops.leases import check_in_arg, earlier_hints
 from store.records import Lease, RequestRecord
+from store.types import PartitionState, StreamingConnectionState
 
 log = logging.getLogger(__name__)
 

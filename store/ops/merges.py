@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mstar.engine.resources import PublishedInfo
 from store.codec.published import MergedInfos, check_label
 from store.errors import (
     PartitionNotFound,
@@ -19,6 +18,7 @@ from store.ops.core import VERSION, Core, pairs, window
 from store.ops.effects import Command, Op
 from store.ops.transaction import Outcome, Plan, optimistic
 from store.schema import VERSION_FIELD
+from store.types import PublishedInfo
 from store.upgrade import RecordOutdated, upgrade_stored
 
 # An optimistic merge that lost this many rounds queues for the partition's claim, which
@@ -155,6 +155,14 @@ def _merge_optimistic(
             if held_info is None:
                 merged[label] = other[label]
                 continue
+            if type(other[label]) is not type(held_info):  # the engine's update assumes its kind
+                raise ValidationError(
+                    f"cannot merge: a {type(other[label]).__name__} into the "
+                    f"{type(held_info).__name__} held",
+                    request_id=rid,
+                    key=pub,
+                    field=label,
+                )
             try:
                 held_info.update(other[label])
             except (TypeError, ValueError) as e:

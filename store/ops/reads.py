@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mstar.conductor.request_info import PartitionState, StreamingConnectionState
 from store.errors import (
     ConnectionNotFound,
     CorruptRecordError,
@@ -17,6 +16,7 @@ from store.ops.batch import gather
 from store.ops.core import Core, Topology
 from store.ops.effects import Op
 from store.records import RequestRecord, RequestState
+from store.types import PartitionState, StreamingConnectionState
 
 
 def load_request(core: Core, request_id: str) -> Op[RequestState]:

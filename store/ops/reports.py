@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
-from mstar.engine.resources import PublishedInfo
 from store.codec import domains
 from store.errors import (
     ConnectionNotFound,
@@ -30,6 +28,7 @@ from store.ops.effects import Op
 from store.ops.leases import check_in_arg, index_after_report, report_hint
 from store.ops.merges import merge_publish_info
 from store.records import Lease, Report, ReportOutcome, Step
+from store.types import CurrentForwardConductorMetadata, PartitionState, PublishedInfo
 
 MAX_WORKER_GRAPH_ID_LENGTH = 128
 

@@ -25,7 +25,6 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from mstar.conductor.request_info import PartitionState
 from store.errors import (
     FencedError,
     NotFoundError,
@@ -38,6 +37,7 @@ from store.ops.core import Topology
 from store.records import Lease, Report, ReportOutcome, RequestState, Step
 from store.runtime.books import Books
 from store.stats import flush_commands
+from store.types import PartitionState
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mstar.conductor.request_info import PartitionState
 from store.records import Report, RequestState, Step
+from store.types import PartitionState
 
 
 class Planner:

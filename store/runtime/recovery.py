@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 
-from mstar.conductor.request_info import PartitionState
 from store.errors import (
     FencedError,
     NotFoundError,
@@ -34,6 +33,7 @@ from store.runtime.decisions import (
     store,
     took_step,
 )
+from store.types import PartitionState
 
 log = logging.getLogger(__name__)
 

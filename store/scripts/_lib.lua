@@ -328,7 +328,9 @@ end
 
 -- Merges the server applies itself (see store/codec/published.py): ARGV[first..] holds
 -- `n_labels` entries of label, header, m, and m (op, part, value) triples, op "S" setting
--- the part (the newer value wins) and "M" raising it to the value (max). Returns the list
+-- the part (the newer value wins), "M" raising it to the value (a part not held counts as
+-- 0) and "K" keeping what is held. A label not held yet takes every part as given, as the
+-- engine's merge_publish_info takes a new label's info whole. Returns the list
 -- of merges to apply, or the status to return at once: {'BUSY', holder} while an optimistic
 -- merge holds the partition's claim (the holder tells a waiter whether the claim moved on),
 -- {'KIND', label} when a label holds another kind.
@@ -342,7 +344,7 @@ local function check_merges(pub, claim, first, n_labels)
     local label, header, m = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2])
     local fields = {label}
     for j = pos + 3, pos + 3 * m, 3 do
-      if ARGV[j] ~= 'S' then fields[#fields + 1] = label .. '[' .. ARGV[j + 1] .. ']' end
+      if ARGV[j] == 'M' then fields[#fields + 1] = label .. '[' .. ARGV[j + 1] .. ']' end
     end
     local held = redis.call('HMGET', pub, unpack(fields))
     if held[1] and held[1] ~= header then return nil, {'KIND', label} end
@@ -357,19 +359,17 @@ local function apply_merges(pub, merges)
     local label, first, m, held = entry[1], entry[3], entry[4], entry[5]
     local sets = {label, entry[2]}
     local raised = 1  -- held[1] is the header: the raised parts' values follow, in order
+    local new_label = not held[1]
     for j = first, first + 3 * (m - 1), 3 do
-      local field = label .. '[' .. ARGV[j + 1] .. ']'
-      local value = ARGV[j + 2]
-      if ARGV[j] == 'S' then
+      local op, field, value = ARGV[j], label .. '[' .. ARGV[j + 1] .. ']', ARGV[j + 2]
+      local take = new_label or op == 'S'
+      if op == 'M' then
+        raised = raised + 1
+        take = take or tonumber(value) > tonumber(held[raised] or '0')
+      end
+      if take then
         sets[#sets + 1] = field
         sets[#sets + 1] = value
-      else
-        raised = raised + 1
-        local was = held[raised]
-        if not was or tonumber(value) > tonumber(was) then
-          sets[#sets + 1] = field
-          sets[#sets + 1] = value
-        end
       end
     end
     for i = 1, #sets, 1000 do

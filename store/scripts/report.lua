@@ -21,7 +21,7 @@
 -- partition, ARGV[18] seconds until recovery should look ('' for never), ARGV[19] n_wgs
 -- ARGV[20..]: n_in consumed counts (KEYS order), n_names output names, n_wgs worker graph
 -- ids of the next pass, then n_labels merges: label, header, m, and m (op, part, value)
--- triples (op "S" sets the part, "M" raises it to the value; see store/codec/published.py).
+-- triples (op "S" sets the part, "M" raises it, "K" keeps it; see check_merges in _lib.lua).
 -- A report is identified by (partition, pass, worker graph, rank): a second delivery
 -- changes nothing, and says what the first one did (whether it completed the pass, and the
 -- lease if this replica still holds it live). Exactly one report per pass completes it.

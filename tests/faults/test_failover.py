@@ -22,16 +22,16 @@ from typing import Any
 import pytest
 from redis.crc import key_slot
 
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import PublishedPositionInfo
 from store import Codec, Reconnect, StoreConnectionError
 from store.cli.simulate import model
 from store.cli.simulate.planner import SimPlanner
 from store.cli.simulate.reference import reference_run
+from store.types import (
+    CurrentForwardConductorMetadata,
+    PartitionState,
+    PublishedPositionInfo,
+    StreamingConnectionState,
+)
 from tests.conftest import require_binaries
 from tests.runtime_harness import FAST, Harness, assert_matches, run_killing
 from tests.servers import RedisCluster

@@ -17,15 +17,17 @@ from typing import Any
 
 import pytest
 
-from mstar.conductor.request_info import (
-    CurrentForwardConductorMetadata,
-    PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import KVSequenceInfo, PublishedKVInfo, PublishedPositionInfo
 from store import Codec, Lease, RequestStore
 from store import scripts as script_files
 from store.ops.core import SCRIPT_NAMES
+from store.types import (
+    CurrentForwardConductorMetadata,
+    KVSequenceInfo,
+    PartitionState,
+    PublishedKVInfo,
+    PublishedPositionInfo,
+    StreamingConnectionState,
+)
 from tests.proxy import FaultProxy, Match, Rule, command, exec_with, script
 from tests.servers import RedisServer
 from tests.stores import Stores

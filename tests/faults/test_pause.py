@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from mstar.conductor.request_info import (
+from store import Reconnect, StoreConnectionError
+from store.types import (
     CurrentForwardConductorMetadata,
     PartitionState,
     StreamingConnectionState,
 )
-from store import Reconnect, StoreConnectionError
 from tests.servers import RedisServer
 from tests.stores import Stores
 

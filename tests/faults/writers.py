@@ -14,12 +14,12 @@ import asyncio
 import itertools
 from typing import Any
 
-from mstar.conductor.request_info import (
+from store import AsyncRequestStore, Codec, Reconnect, RequestStore, StoreConnectionError
+from store.types import (
     CurrentForwardConductorMetadata,
     PartitionState,
     StreamingConnectionState,
 )
-from store import AsyncRequestStore, Codec, Reconnect, RequestStore, StoreConnectionError
 from tests.strategies import SumInfo, user_registry
 
 CONN = "llm->codec"

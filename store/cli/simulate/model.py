@@ -18,20 +18,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mstar.conductor.request_info import (
+from store.records import RequestState, Step
+from store.types import (
     CurrentForwardConductorMetadata,
+    KVSequenceInfo,
     PartitionDefinition,
     PartitionState,
-    StreamingConnectionState,
-)
-from mstar.engine.resources import (
-    KVSequenceInfo,
     PublishedInfo,
     PublishedKVInfo,
     PublishedPositionInfo,
     SamplingReqConfig,
+    StreamingConnectionState,
 )
-from store.records import RequestState, Step
 
 TTS, TEXT = "tts", "text"
 LLM, CODEC, DEFAULT = "llm", "codec", "default"

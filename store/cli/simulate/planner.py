@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from mstar.conductor.request_info import PartitionState
 from store.cli.simulate import model
 from store.records import Report, RequestState, Step
 from store.runtime.planner import AsyncPlanner, Planner
+from store.types import PartitionState
 
 Sent = tuple[str, str, int]
 

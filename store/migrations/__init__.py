@@ -13,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import ModuleType
 
-from migrations import (
+from store.migrations import (
     m0002_resource_publish_info,
     m0003_worker_graph_ids_as_str,
     m0004_split_published_parts,
     m0005_compact_kv_sequences,
 )
-from migrations.record import RawRecord, RecordKind
+from store.migrations.record import RawRecord, RecordKind
 
 __all__ = ["FIRST_VERSION", "LATEST_VERSION", "STEPS", "RawRecord", "RecordKind", "Step", "upgrade"]
 

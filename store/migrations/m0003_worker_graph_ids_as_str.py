@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import msgspec
 
-from migrations.record import RawRecord, RecordKind, stamp_envelopes
+from store.migrations.record import RawRecord, RecordKind, stamp_envelopes
 
 VERSION = 3
 

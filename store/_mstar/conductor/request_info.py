@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mstar.engine.resources import PublishedInfo, ResourceReqConfig
-from mstar.graph.loop_indices import NestedLoopIndices
+from ..engine.resources.base import PublishedInfo
+from ..engine.resources.spec import ResourceReqConfig
+from ..graph.loop_indices import NestedLoopIndices
+
+DEFAULT_PARTITION = "default"
 
 
 def merge_publish_info(into: dict[str, PublishedInfo], other: dict[str, PublishedInfo]) -> None:
@@ -15,12 +18,11 @@ def merge_publish_info(into: dict[str, PublishedInfo], other: dict[str, Publishe
     than replacing it), so an existing entry gets ``update`` and only a new key is taken
     wholesale.
     """
-    for label, info in other.items():
-        held = into.get(label)
-        if held is None:
-            into[label] = info
+    for key, val in other.items():
+        if key not in into:
+            into[key] = val
         else:
-            held.update(info)
+            into[key].update(val)
 
 
 @dataclass
@@ -46,7 +48,7 @@ class CurrentForwardPassInfo:
     resource_configs: dict[str, ResourceReqConfig] = field(default_factory=dict)
     step_metadata: dict = field(default_factory=dict)  # type: ignore[type-arg]
     resource_publish_info: dict[str, PublishedInfo] = field(default_factory=dict)
-    partition_name: str = "default"
+    partition_name: str = DEFAULT_PARTITION
     loop_stop_times: dict[str, NestedLoopIndices] = field(default_factory=dict)
     dynamic_loop_iter_counts: dict[str, int] = field(default_factory=dict)
 

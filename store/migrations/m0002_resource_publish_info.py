@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from migrations.record import RawRecord, RecordKind, encode_envelope, stamp_envelopes
+from store.migrations.record import RawRecord, RecordKind, encode_envelope, stamp_envelopes
 
 VERSION = 2
 

@@ -1,17 +1,17 @@
-"""Where execution is across nested loops, so that loop-stop labels can be ordered."""
+"""Where execution is across nested loops (mstar.graph.loop_indices)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
 class NestedLoopIndices:
     """A snapshot of the forward pass and of every loop's index, outer loop first."""
 
-    loop_name_order: list[str] = field(default_factory=list)
-    loop_indices: dict[str, int] = field(default_factory=dict)
-    wg_fwd_pass_idx: int = 0
+    loop_name_order: list[str]
+    loop_indices: dict[str, int]
+    wg_fwd_pass_idx: int
 
     def label_context_gt(
         self, other: NestedLoopIndices | None, target_loop_name: str | None = None
@@ -23,19 +23,25 @@ class NestedLoopIndices:
         """
         if other is None:
             return True
-        if self.wg_fwd_pass_idx != other.wg_fwd_pass_idx:
-            return self.wg_fwd_pass_idx > other.wg_fwd_pass_idx
+        if self.wg_fwd_pass_idx > other.wg_fwd_pass_idx:
+            return True
+        if self.wg_fwd_pass_idx < other.wg_fwd_pass_idx:
+            return False
         for name in self.loop_name_order:
-            if name == target_loop_name:
+            if target_loop_name is not None and name == target_loop_name:
                 break
-            mine = self.loop_indices.get(name, 0)
-            theirs = other.loop_indices.get(name, 0)
-            if mine != theirs:
-                return mine > theirs
+            our_idx = self.loop_indices.get(name, 0)
+            their_idx = other.loop_indices.get(name, 0)
+            if our_idx > their_idx:
+                return True
+            if our_idx < their_idx:
+                return False
         return False
 
     def max(self, other: NestedLoopIndices | None) -> NestedLoopIndices:
         """The later of the two snapshots (``self`` on a tie)."""
-        if other is not None and other.label_context_gt(self):
+        if other is None:
+            return self
+        if other.label_context_gt(self):
             return other
         return self

@@ -26,7 +26,7 @@ from typing import TypeVar
 
 import msgspec
 
-from migrations.record import RawRecord, RecordKind, stamp_envelope, stamp_envelopes
+from store.migrations.record import RawRecord, RecordKind, stamp_envelope, stamp_envelopes
 
 VERSION = 5
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import msgspec
 
-from migrations.record import (
+from store.migrations.record import (
     RawRecord,
     RecordKind,
     encode_envelope,

@@ -1,1 +1,0 @@
-"""M* domain types that the conductor keeps per request; they know nothing of storage."""

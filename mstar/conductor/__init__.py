@@ -1,1 +1,0 @@
-"""The conductor's per-request state."""

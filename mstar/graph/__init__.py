@@ -1,1 +1,0 @@
-"""Graph-execution bookkeeping shared by the conductor and the workers."""
