@@ -58,7 +58,8 @@ def _store(client: redis.Redis, namespace: str) -> RequestStore:
     return RequestStore(client, namespace=namespace)
 
 
-def _request(store: RequestStore, rid: str) -> None:
+def create_engine_request(store: RequestStore, rid: str) -> None:
+    """A request whose configs and metadata hold the engine's own classes."""
     sampling = SamplingReqConfig(temperature=0.3, top_k=40)
     sampling.apply_conductor_config(seed=1234)
     kv_config = KVReqConfig(
@@ -80,7 +81,7 @@ def test_configs_metadata_and_definitions_keep_their_classes(
     client: redis.Redis, namespace: str
 ) -> None:
     store = _store(client, namespace)
-    _request(store, "r1")
+    create_engine_request(store, "r1")
     record = store.load_record("r1")
     sampling, kv_config = record.resource_configs["sampler"], record.resource_configs["kv"]
     assert type(sampling) is SamplingReqConfig and sampling.seed == 1234
@@ -104,7 +105,7 @@ def test_kv_transfer_descriptors_keep_their_classes(
     client: redis.Redis, namespace: str, transfer: Any
 ) -> None:
     store = _store(client, namespace)
-    _request(store, "r1")
+    create_engine_request(store, "r1")
     sequences = {"main": KVSequenceInfo(17, transfer, [3, 4]), "draft": KVSequenceInfo(2, None)}
     published = PublishedKVInfo.build_for_rank(0, 2, sequences)
     merged = store.merge_publish_info("r1", "llm", {"kv": published})
@@ -116,7 +117,7 @@ def test_kv_transfer_descriptors_keep_their_classes(
 
 def test_final_outputs_hold_loop_indices_and_pointers(client: redis.Redis, namespace: str) -> None:
     store = _store(client, namespace)
-    _request(store, "r1")
+    create_engine_request(store, "r1")
     store.set_final_output("r1", "audio", LOOPS)
     store.set_final_output("r1", "signals", [POINTER, (1, "two")])
     outputs = store.load_record("r1").final_outputs
@@ -129,7 +130,7 @@ def test_server_merges_follow_the_engines_rules(client: redis.Redis, namespace: 
     """World size: the first merge's stays; a position is only ever raised, a new label from
     above 0, except in a label's first merge, which is taken whole."""
     store = _store(client, namespace)
-    _request(store, "r1")
+    create_engine_request(store, "r1")
     held: dict[str, Any] = {}
     for infos in (
         {"kv": PublishedKVInfo.build_for_rank(0, 1, {"m": KVSequenceInfo(1, MOONCAKE)})},
@@ -155,12 +156,19 @@ def test_a_record_reads_back_equal_in_a_process_with_the_other_set_of_types(
     if other == "engine" and not engine_importable():
         pytest.skip("the engine is not installed here: the engine job (.ci/engine) runs this")
     store = RequestStore(real_client, namespace=namespace)
-    _request(store, "r1")
+    create_engine_request(store, "r1")
     sequences = {"m": KVSequenceInfo(9, CUDA_IPC), "d": KVSequenceInfo(1, MOONCAKE)}
     store.merge_publish_info("r1", "llm", {"kv": PublishedKVInfo.build_for_rank(0, 2, sequences)})
     store.set_final_output("r1", "audio", LOOPS)
     child = subprocess.run(
-        [sys.executable, "-m", "tests.engine.read_back", backends.redis_url_for_tests(), namespace, "r1"],
+        [
+            sys.executable,
+            "-m",
+            "tests.engine.read_back",
+            backends.redis_url_for_tests(),
+            namespace,
+            "r1",
+        ],
         env={**os.environ, "MSTAR_STORE_TYPES": other},
         capture_output=True,
         text=True,

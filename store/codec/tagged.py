@@ -86,9 +86,7 @@ def _needs_tags(value: Any, depth: int) -> bool:
     if kind in _SCALARS or depth > MAX_DEPTH:  # too deep: the depth check refuses it
         return False
     if kind is dict:
-        return any(
-            _needs_tags(k, depth + 1) or _needs_tags(v, depth + 1) for k, v in value.items()
-        )
+        return any(_needs_tags(k, depth + 1) or _needs_tags(v, depth + 1) for k, v in value.items())
     if kind is list:
         return any(_needs_tags(v, depth + 1) for v in value)
     if kind is tuple or kind in _names:
