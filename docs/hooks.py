@@ -125,9 +125,9 @@ def cli_reference() -> str:
 
     with _columns(HELP_COLUMNS), contextlib.redirect_stdout(io.StringIO()):
         parser = build_parser()
-    parts = ["## mstar-store", "", "```text", _help(parser).rstrip(), "```", ""]
+    parts = ["### mstar-store", "", "```text", _help(parser).rstrip(), "```", ""]
     for name, sub in _subcommands(parser).items():
-        parts += [f"## {name}", "", "```text", _help(sub).rstrip(), "```", ""]
+        parts += [f"### {name}", "", "```text", _help(sub).rstrip(), "```", ""]
     return "\n".join(parts)
 
 

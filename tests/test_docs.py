@@ -5,6 +5,7 @@ subcommand, and the changelog page stands with or without ``CHANGELOG.md``."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 import tomllib
 import types
 from pathlib import Path
@@ -80,7 +81,7 @@ def test_the_cli_reference_has_every_subcommand_help() -> None:
     names = list(hooks._subcommands(build_parser()))
     assert len(names) >= len(COMMAND_MODULES)  # a module adds one subcommand or more
     for name in names:
-        assert f"\n## {name}\n" in reference
+        assert f"\n### {name}\n" in reference
         assert f"usage: mstar-store {name} " in reference
     assert "usage: mstar-store [-h] [--version] COMMAND" in reference
 
@@ -101,3 +102,28 @@ def test_the_docs_extra_installs_the_site_builders() -> None:
         extras = tomllib.load(f)["project"]["optional-dependencies"]
     names = {dep.split(">")[0].split("=")[0].split("<")[0] for dep in extras["docs"]}
     assert {"mkdocs", "mkdocs-material", "mkdocstrings[python]"} <= names
+
+
+def test_the_api_pages_show_store_methods_as_their_callers_call_them() -> None:
+    """docs/griffe_store.py: no ``core`` parameter, the operation's result unwrapped."""
+    griffe = pytest.importorskip("griffe")  # the `docs` extra
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        from griffe_store import StoreMethods
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+
+    def take_step(extensions: list[object]) -> object:
+        package = griffe.load(
+            "store",
+            force_inspection=True,
+            extensions=griffe.load_extensions(*extensions),
+            search_paths=[str(ROOT), *sys.path],
+        )
+        return package["RequestStore"]["take_step"]
+
+    bare = take_step([])
+    assert [p.name for p in bare.parameters][:2] == ["core", "lease"]  # what it fixes
+    shown = take_step([StoreMethods()])
+    assert [p.name for p in shown.parameters] == ["lease", "step", "check_in"]
+    assert str(shown.returns) == "int"
