@@ -9,6 +9,7 @@ import sys
 import tomllib
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,26 +105,39 @@ def test_the_docs_extra_installs_the_site_builders() -> None:
     assert {"mkdocs", "mkdocs-material", "mkdocstrings[python]"} <= names
 
 
-def test_the_api_pages_show_store_methods_as_their_callers_call_them() -> None:
-    """docs/griffe_store.py: no ``core`` parameter, the operation's result unwrapped."""
+def load_with(*names: str) -> tuple[Any, Any]:
+    """``store`` as griffe inspects it for the API pages: without docs/griffe_store.py's
+    extensions, and with those named."""
     griffe = pytest.importorskip("griffe")  # the `docs` extra
     sys.path.insert(0, str(ROOT / "docs"))
     try:
-        from griffe_store import StoreMethods
+        import griffe_store
     finally:
         sys.path.remove(str(ROOT / "docs"))
 
-    def take_step(extensions: list[object]) -> object:
-        package = griffe.load(
+    def load(*extensions: object) -> Any:
+        return griffe.load(
             "store",
             force_inspection=True,
             extensions=griffe.load_extensions(*extensions),
             search_paths=[str(ROOT), *sys.path],
         )
-        return package["RequestStore"]["take_step"]
 
-    bare = take_step([])
-    assert [p.name for p in bare.parameters][:2] == ["core", "lease"]  # what it fixes
-    shown = take_step([StoreMethods()])
-    assert [p.name for p in shown.parameters] == ["lease", "step", "check_in"]
-    assert str(shown.returns) == "int"
+    return load(), load(*(getattr(griffe_store, name)() for name in names))
+
+
+def test_the_api_pages_show_store_methods_as_their_callers_call_them() -> None:
+    """No ``core`` parameter, the operation's result unwrapped."""
+    bare, shown = load_with("StoreMethods")
+    before = bare["RequestStore"]["take_step"]
+    after = shown["RequestStore"]["take_step"]
+    assert [p.name for p in before.parameters][:2] == ["core", "lease"]  # what it fixes
+    assert [p.name for p in after.parameters] == ["lease", "step", "check_in"]
+    assert str(after.returns) == "int"
+
+
+def test_the_api_pages_show_no_docstring_of_a_values_type() -> None:
+    bare, shown = load_with("NoTypeDocstrings")
+    assert bare["KeySpace"]["namespace"].docstring.value.startswith("str(")
+    assert shown["KeySpace"]["namespace"].docstring is None
+    assert shown["KeySpace"]["index"].docstring.value.startswith("``<ns>:requests``")
