@@ -30,7 +30,7 @@ import redis
 
 from store import AsyncRequestStore, RequestStore
 from store.codec import kinds, values
-from tests.backends import redis_url_for_tests
+from tests.backends import masters, redis_url_for_tests
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -136,21 +136,25 @@ def run_block(block: Block) -> str:
 
 
 @pytest.fixture
-def backend(
+def opened(
     client: Any, namespace: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
-) -> str:
-    """``from_url`` of both stores made to open the test's backend, in ``namespace``."""
+) -> list[str]:
+    """``from_url`` of both stores made to open the test's backend, in ``namespace``; the
+    URLs the block asked for, one per store it opened."""
     fake = isinstance(client, fakeredis.FakeRedis)
+    urls: list[str] = []
     server = request.getfixturevalue("fake_server") if fake else None
     real_sync, real_async = RequestStore.from_url, AsyncRequestStore.from_url
 
     def sync_from_url(cls: type, url: str, **options: Any) -> RequestStore:
+        urls.append(url)
         options["namespace"] = namespace
         if fake:
             return RequestStore(fakeredis.FakeRedis(server=server), **options)
         return real_sync(redis_url_for_tests(), **options)
 
     def async_from_url(cls: type, url: str, **options: Any) -> AsyncRequestStore:
+        urls.append(url)
         options["namespace"] = namespace
         if fake:
             return AsyncRequestStore(fakeredis.FakeAsyncRedis(server=server), **options)
@@ -163,19 +167,22 @@ def backend(
         registry.register(kind, name)
     monkeypatch.setattr(kinds, "default_registry", registry)
     monkeypatch.setattr(values, "default_registry", registry)
-    return "fake" if fake else "real"
+    return urls
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.name for block in BLOCKS])
 def test_the_block_runs_alone_and_prints(
-    block: Block, backend: str, client: redis.Redis, namespace: str
+    block: Block, opened: list[str], client: redis.Redis, namespace: str
 ) -> None:
     printed = run_block(block)
+    # A block that connects does so through from_url, so it ran on the test's backend.
+    assert len(opened) == block.source.count(".from_url(")
     assert printed.strip(), f"{block.name} printed nothing"
     if block.prints is not None:
         assert printed == block.prints
     # Whatever the block created, it wrote under the test's namespace, not its own.
-    assert not client.keys("docs:*") and not client.keys("readme:*")
+    for node in masters(client):
+        assert not [*node.scan_iter(match="docs:*"), *node.scan_iter(match="readme:*")]
 
 
 @pytest.mark.fake
