@@ -147,21 +147,26 @@ class KeySpace:
 
     @property
     def index(self) -> str:
+        """``<ns>:requests``: the request index (request id -> creation time)."""
         return f"{self.namespace}:requests"
 
     @property
     def deadlines(self) -> str:
+        """``<ns>:deadlines``: the recovery index (``"<rid> <partition>"`` -> check time)."""
         return f"{self.namespace}:deadlines"
 
     @property
     def finished(self) -> str:
+        """``<ns>:finished``: finished requests kept with a TTL (request id -> expiry)."""
         return f"{self.namespace}:finished"
 
     @property
     def replicas(self) -> str:
+        """``<ns>:replicas``: live replicas (replica id -> last heartbeat)."""
         return f"{self.namespace}:replicas"
 
     def replica_stats(self, replica_id: str) -> str:
+        """``<ns>:replica:<replica_id>``: one replica's counters, leases and requests."""
         return f"{self.namespace}:replica:{replica_id}"
 
     def stats_bucket(self, minute: int) -> str:
@@ -169,33 +174,43 @@ class KeySpace:
         return f"{self.namespace}:stats:{minute}"
 
     def request_prefix(self, request_id: str) -> str:
+        """``<ns>:{<rid>}:``, the start of every key of one request (the hash tag)."""
         return f"{self.namespace}:{{{request_id}}}:"
 
     def meta(self, request_id: str) -> str:
+        """``<ns>:{<rid>}:meta``: the request-level record (``RequestRecord``)."""
         return f"{self.request_prefix(request_id)}meta"
 
     def partition(self, request_id: str, partition: str) -> str:
+        """``<ns>:{<rid>}:part:<partition>``: one ``PartitionState``."""
         return f"{self.request_prefix(request_id)}part:{partition}"
 
     def publish_info(self, request_id: str, partition: str) -> str:
+        """``<ns>:{<rid>}:pub:<partition>``: resource label -> published info."""
         return f"{self.request_prefix(request_id)}pub:{partition}"
 
     def connection(self, request_id: str, name: str) -> str:
+        """``<ns>:{<rid>}:conn:<from>-><to>``: one ``StreamingConnectionState``."""
         return f"{self.request_prefix(request_id)}conn:{name}"
 
     def ops(self, request_id: str) -> str:
+        """``<ns>:{<rid>}:ops``: applied operation ids -> time (dedupe)."""
         return f"{self.request_prefix(request_id)}ops"
 
     def merging(self, request_id: str, partition: str) -> str:
+        """``<ns>:{<rid>}:merging:<partition>``: the short-lived merging claim."""
         return f"{self.request_prefix(request_id)}merging:{partition}"
 
     def merging_queue(self, request_id: str, partition: str) -> str:
+        """``<ns>:{<rid>}:merging-queue:<partition>``: merges waiting for that claim."""
         return f"{self.request_prefix(request_id)}merging-queue:{partition}"
 
     def lease(self, request_id: str) -> str:
+        """``<ns>:{<rid>}:lease``: the fencing token and each partition's lease."""
         return f"{self.request_prefix(request_id)}lease"
 
     def history(self, request_id: str) -> str:
+        """``<ns>:{<rid>}:history``: the request's capped timeline (a stream)."""
         return f"{self.request_prefix(request_id)}history"
 
     def request_keys(

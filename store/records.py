@@ -137,6 +137,7 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def report_id(self) -> str:
+        """``<rid>/<partition>/<pass>/<worker graph>/<rank>``: what makes a resend a duplicate."""
         return (
             f"{self.request_id}/{self.partition}/{self.fwd_pass}/{self.worker_graph_id}/{self.rank}"
         )

@@ -52,26 +52,32 @@ class StoreSettings(Facade):
 
     @property
     def keys(self) -> KeySpace:
+        """The key layout of this store's namespace."""
         return self._core.keys
 
     @property
     def codec(self) -> Codec:
+        """The codec that encodes and decodes stored values."""
         return self._core.codec
 
     @property
     def retry(self) -> RetryPolicy:
+        """The backoff of optimistic transactions (merges of kinds of your own)."""
         return self._core.retry
 
     @property
     def lease_ttl(self) -> float:
+        """Seconds a lease on a step lasts before recovery may claim it."""
         return self._core.lease_ttl
 
     @property
     def dedupe_window(self) -> float:
+        """Seconds an applied op id is remembered, so that a resend is recognised."""
         return self._core.dedupe_window
 
     @property
     def stats(self) -> StoreStats:
+        """This store's cumulative counters (retries, conflicts, duplicates, ...)."""
         return self._core.stats
 
 

@@ -102,8 +102,8 @@ def test_the_cluster_profile_is_three_masters_published_on_their_own_ports(
     assert "cluster_state:ok ||" in script  # a second `up` leaves the cluster as it is
 
 
-def test_the_readme_names_the_cluster_url() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_name_the_cluster_url() -> None:
+    readme = (ROOT / "docs" / "deploying-redis.md").read_text()
     assert "docker compose --profile cluster up -d" in readme
     assert CLUSTER_URL in readme
 

@@ -69,12 +69,15 @@ class KindRegistry:
         return cls
 
     def name_of(self, cls: type) -> str | None:
+        """The stored name of kind ``cls``, or None if it was not registered."""
         return self._names.get(cls)
 
     def type_of(self, name: str) -> type | None:
+        """The kind registered under ``name``, or None."""
         return self._types.get(name)
 
     def names(self) -> dict[str, type]:
+        """Every registered kind, by stored name (a copy)."""
         return dict(self._types)
 
 

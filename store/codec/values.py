@@ -182,6 +182,8 @@ class Codec:
             raise CorruptRecordError("stored value is nested too deeply to decode", **where) from e
 
     def check_size(self, data: bytes | msgspec.Raw, **where: str | None) -> None:
+        """Raise ``PayloadTooLargeError`` (naming ``where``) if ``data`` is larger than
+        ``max_payload_bytes``."""
         size = len(data)
         if size > self.max_payload_bytes:
             raise PayloadTooLargeError(size, self.max_payload_bytes, **where)

@@ -47,6 +47,7 @@ class Reconnect:
     max_redirects: int = 16
 
     def patience(self) -> Patience:
+        """A fresh count of one call's pauses between its failed tries."""
         return Patience(self)
 
 

@@ -149,6 +149,7 @@ def list_requests(core: Core) -> Op[list[str]]:
 
 
 def request_exists(core: Core, request_id: str) -> Op[bool]:
+    """Whether the request's record is held (one EXISTS)."""
     rid = validate_request_id(request_id)
     meta = core.keys.meta(rid)
     (held,) = yield from core.send(meta, [("EXISTS", meta)], {"request_id": rid})

@@ -84,6 +84,8 @@ def load_partitions(
 
 
 def load_connection(core: Core, request_id: str, name: str) -> Op[StreamingConnectionState]:
+    """One streaming connection of a request, by name (``<from>-><to>``); ``ConnectionNotFound``
+    if the request has no such connection."""
     rid = validate_request_id(request_id)
     split_connection_name(name, request_id=rid)
     (raw,) = yield from core.load_hashes(rid, [core.keys.connection(rid, name)])

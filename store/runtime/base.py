@@ -94,6 +94,7 @@ class ReplicaBase:
         return dict(self.books.counts)
 
     def admit(self) -> None:
+        """Refuse a report while draining (``ReplicaDrainingError``: deliver it elsewhere)."""
         if self.draining:
             raise ReplicaDrainingError(f"replica {self.id} is draining: send the report elsewhere")
 
@@ -133,6 +134,7 @@ class ReplicaBase:
         )
 
     def beat(self) -> Program[None]:
+        """One heartbeat: flush this replica's counters since the last beat to the registry."""
         retries = self.store.stats.retries
         self._flushed = yield from decisions.heartbeat(self.books, self._flushed, retries)
 

@@ -59,19 +59,25 @@ class AsyncPlanner:
     """``Planner`` with ``async def`` methods, for ``AsyncReplica``."""
 
     async def next_step(self, request_id: str, partition: str, state: PartitionState) -> Step:
+        """``Planner.next_step``, awaited."""
         raise NotImplementedError
 
     async def dispatch(self, request_id: str, partition: str, fwd_pass: int, step: Step) -> None:
+        """``Planner.dispatch``, awaited: must tolerate repeats."""
         raise NotImplementedError
 
     async def predict_step(self, report: Report) -> Step | None:
+        """``Planner.predict_step``, awaited (None: not known)."""
         return None
 
     async def runnable(self, request_id: str, partition: str, state: RequestState) -> bool:
+        """``Planner.runnable``, awaited."""
         return True
 
     async def final_outputs(self, request_id: str, state: RequestState) -> Mapping[str, Any]:
+        """``Planner.final_outputs``, awaited."""
         return {}
 
     async def finished(self, request_id: str, state: RequestState) -> None:
+        """``Planner.finished``, awaited."""
         return None
