@@ -9,15 +9,15 @@ version up to its own, so an envelope nested inside another value may keep an ol
 
     v1  partition hash held ``per_label_seq_info`` (msgpack: resource label -> rank ->
         sequence info); worker-graph ids were ints in msgpack-encoded whole fields
-    v2  published state in the publish-info hash, label -> envelope   (migrations/m0002_*)
-    v3  worker-graph ids are str, one hash field per id               (migrations/m0003_*)
+    v2  published state in the publish-info hash, label -> envelope   (store/migrations/m0002_*)
+    v3  worker-graph ids are str, one hash field per id               (store/migrations/m0003_*)
     v4  kv and position infos in parts "<label>[<part>]" under a header
-        ``[4, kind, nil]``, so one script merges them with no WATCH  (migrations/m0004_*)
+        ``[4, kind, nil]``, so one script merges them with no WATCH  (store/migrations/m0004_*)
     v5  a KV sequence is the array ``[seq_len, transfer info, page indices]``, not a map
-        of its field names; readers decode page indices when read  (migrations/m0005_*)
+        of its field names; readers decode page indices when read  (store/migrations/m0005_*)
 
 Rules for evolving the types (see README): a new field needs a default; a rename or type
-change needs a numbered step in ``migrations/``, a bump here, and frozen fixtures of the old
+change needs a numbered step in ``store/migrations/``, a bump here, and frozen fixtures of the old
 version under ``tests/fixtures/``.
 """
 
