@@ -99,8 +99,8 @@ def _tagged(value: Any) -> Any:
     kind = type(value)
     if kind in _SCALARS:
         return value
-    if kind is dict:
-        return {_tagged(k): _tagged(v) for k, v in value.items()}
+    if kind is dict:  # keys stay as they are: msgpack's extensions are not hashable
+        return {k: _tagged(v) for k, v in value.items()}
     if kind is list:
         return [_tagged(v) for v in value]
     if kind is tuple:
