@@ -17,6 +17,7 @@ installed in editable mode. Exit status 1 on the first broken check.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -153,6 +154,7 @@ def main() -> int:
     print("restoring: the checkout in editable mode beside the engine")
     pip("install", "--no-deps", "-e", str(CHECKOUT))
     m.imports(WITH_ENGINE, "engine mstar.conductor.request_info", "editable beside the engine")
+    shutil.rmtree(work)
     print(f"{len(m.failures)} failed" if m.failures else "install matrix: all checks passed")
     return 1 if m.failures else 0
 
