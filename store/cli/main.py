@@ -22,7 +22,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from store.errors import ConfigurationError, StoreConnectionError, StoreError
-from store.io.connect import client_from_url, parse_url, redacted
+from store.io.connect import client_from_url, parse_url, redacted, timeouts
 from store.io.wire import io_failure
 from store.ops.calls import Reconnect
 from store.ops.effects import Disconnected
@@ -44,9 +44,9 @@ COMMAND_MODULES = (
 DISTRIBUTION = "mstar-conductor-store"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_NAMESPACE = "mstar"
-CONNECT_TIMEOUT = 5.0
-# Someone waits at the terminal: say that Redis is down after a second, not after five.
-CLI_RECONNECT = Reconnect(give_up_after=1.0)
+# Someone waits at the terminal: say within 3 s that Redis is down or silent, not after the
+# library's 6 (connects and reads time out after 1 s each, see ``connect``).
+CLI_RECONNECT = Reconnect(give_up_after=3.0)
 _NO_EMBEDDED = (
     "the embedded Redis needs {missing}, which is not installed: "
     "`pip install 'mstar-conductor-store[demo]'` (or '[test]'), or pass --redis-url"
@@ -100,7 +100,7 @@ def connect(url: str) -> Any:
     """A redis-py client for ``url``; a failure while it is built (a cluster client
     connects then) is the store error it stands for."""
     try:
-        return client_from_url(url, socket_connect_timeout=CONNECT_TIMEOUT)
+        return client_from_url(url, **timeouts(CLI_RECONNECT))
     except (redis.RedisError, RedisClusterException) as e:
         raise as_store_error(e, url) from e
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -135,6 +136,7 @@ class AsyncExecutor:
         pipes: _Pipes | None = None  # the connections of writes not collected yet
         value: Any = None
         error: BaseException | None = None
+        started = time.monotonic()  # a call's patience counts from here (Reconnect)
         task = asyncio.current_task()
         cancels = task.cancelling() if task is not None else 0
         try:
@@ -186,6 +188,8 @@ class AsyncExecutor:
                     if held is not None:
                         await held[0].give_back(held[1])  # closed by _exchange
                         held = None
+                    if e.since is None:
+                        e.since = started
                     error = e
         finally:
             op.close()

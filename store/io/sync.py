@@ -126,6 +126,7 @@ class SyncExecutor:
         pipes: _Pipes | None = None  # the connections of writes not collected yet
         value: Any = None
         error: BaseException | None = None
+        started = time.monotonic()  # a call's patience counts from here (Reconnect)
         try:
             while True:
                 try:
@@ -171,6 +172,8 @@ class SyncExecutor:
                     if held is not None:
                         held[0].give_back(held[1])  # closed by _exchange or never used
                         held = None
+                    if e.since is None:
+                        e.since = started
                     error = e
         finally:
             op.close()
