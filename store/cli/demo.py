@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     count = f"{args.requests} request{'s' if args.requests != 1 else ''}"
     started = time.perf_counter()
     totals = Totals()
-    with open_store(args) as store:
+    with open_store(args, writes=True) as store:
         print(f"mstar-store demo: {count} on {where}, namespace {args.namespace!r}")
         for request in plan(args.requests, tag=secrets.token_hex(3)):
             _run_request(store, request, totals, keep=args.keep)

@@ -123,13 +123,25 @@ def as_store_error(error: BaseException, url: str | None) -> StoreError:
 
 
 @contextmanager
-def open_store(args: argparse.Namespace) -> Iterator[RequestStore]:
-    """A store on ``make_client(args)`` in ``args.namespace``; the client is closed after."""
+def open_store(args: argparse.Namespace, *, writes: bool = False) -> Iterator[RequestStore]:
+    """A store on ``make_client(args)`` in ``args.namespace``; the client is closed after.
+    A command that ``writes`` is told first if the server may evict what it writes."""
     client = make_client(args)
     try:
-        yield RequestStore(client, namespace=args.namespace, reconnect=CLI_RECONNECT)
+        store = RequestStore(client, namespace=args.namespace, reconnect=CLI_RECONNECT)
+        if writes:
+            warn_if_evicting(store)
+        yield store
     finally:
         client.close()
+
+
+def warn_if_evicting(store: RequestStore) -> None:
+    """Say on stderr that the server may evict the store's keys, as ``from_url``'s first
+    call logs it: the command goes on (a demo on a cache is fine), the user knows."""
+    for finding in store.check_eviction():
+        if finding.level == "fatal":
+            print(f"warning: {finding.message}; or see `mstar-store doctor`", file=sys.stderr)
 
 
 def describe(error: StoreError, url: str | None) -> str:
@@ -187,6 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Redis without it (the simulation's own lists), so that no user sees a traceback.
         print(f"error: {describe(as_store_error(e, url), url)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, and the shell's exit status for SIGINT (128 + 2).
+        print(f"interrupted: mstar-store {args.command} stopped", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader went away (`mstar-store ls | head`): stop quietly, as Python's docs advise.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

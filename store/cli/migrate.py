@@ -11,8 +11,10 @@ import sys
 from typing import Any, TextIO
 
 from store.cli import main as cli
+from store.cli.progress import Progress
 from store.migrate import MigrationReport, migrate_namespace
 from store.schema import SCHEMA_VERSION
+from store.store import RequestStore
 
 
 def add_parser(subparsers: Any) -> None:
@@ -33,6 +35,9 @@ def run(args: argparse.Namespace) -> int:
     client = cli.make_client(args)
     bar = ProgressBar(sys.stderr)
     try:
+        if not args.dry_run:
+            store = RequestStore(client, namespace=args.namespace, reconnect=cli.CLI_RECONNECT)
+            cli.warn_if_evicting(store)
         report = migrate_namespace(
             client, args.namespace, batch=args.batch, dry_run=args.dry_run,
             progress=bar.update, reconnect=cli.CLI_RECONNECT,
@@ -69,28 +74,18 @@ def summary(report: MigrationReport, namespace: str) -> list[str]:
 
 
 class ProgressBar:
-    """One line on a stream, redrawn in place: ``[#####.....] 510/1000 requests ...``."""
+    """``migrate_namespace``'s progress, shown as a ``Progress`` of requests."""
 
-    def __init__(self, stream: TextIO, width: int = 30) -> None:
-        self.stream = stream
-        self.width = width
-        self.drawn = False
+    def __init__(self, stream: TextIO) -> None:
+        self.bar = Progress(stream, label="requests")
 
     def update(self, done: int, total: int, report: MigrationReport) -> None:
-        filled = self.width * done // total if total else self.width
-        bar = "#" * filled + "." * (self.width - filled)
-        self.stream.write(
-            f"\r[{bar}] {done}/{total} requests  {report.upgraded} upgraded  "
-            f"{report.current} current  {len(report.failed)} failed"
-        )
-        self.stream.flush()
-        self.drawn = True
+        failed = len(report.failed)
+        detail = f"{report.upgraded} upgraded  {report.current} current  {failed} failed"
+        self.bar.update(done, detail, total=total, force=done == total)
 
     def finish(self) -> None:
-        if self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.drawn = False
+        self.bar.close()
 
 
 def _positive(text: str) -> int:

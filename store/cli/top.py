@@ -280,9 +280,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             draw_once(frame, args.within)
         return 0
-    except KeyboardInterrupt:
-        return 130
-    finally:
+    finally:  # Ctrl-C, the way out of the live view, is main's to report (exit 130)
         client.close()
 
 
