@@ -8,7 +8,6 @@ server may evict what it writes, as ``RequestStore.from_url`` does.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import signal
@@ -25,6 +24,7 @@ import pytest
 from store.cli import main as cli
 from store.cli.progress import Progress
 from store.cli.simulate.fleet import Fleet
+from tests.cli_run import no_env_defaults, run  # noqa: F401 (a fixture)
 from tests.conftest import require_binaries
 from tests.servers import RedisServer
 from tests.test_cli_failures import COMMANDS as EVERY_COMMAND
@@ -35,17 +35,7 @@ COMMANDS = {name: argv for name, argv in EVERY_COMMAND.items() if name != "simul
 COMMANDS["doctor"] = ["doctor"]
 
 
-@pytest.fixture(autouse=True)
-def _no_env_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MSTAR_REDIS_URL", raising=False)
-    monkeypatch.delenv("MSTAR_NAMESPACE", raising=False)
-
-
-def run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(list(argv))
-    return code, out.getvalue(), err.getvalue()
+pytestmark = pytest.mark.usefixtures("no_env_defaults")
 
 
 # -- Ctrl-C --------------------------------------------------------------------------------

@@ -14,16 +14,20 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
+import textwrap
+import tomllib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import redis
 from redis.exceptions import RedisClusterException
 
-from store.errors import ConfigurationError, StoreConnectionError, StoreError
+from store.errors import ConfigurationError, RequestNotFound, StoreConnectionError, StoreError
 from store.io.connect import client_from_url, parse_url, redacted, timeouts
 from store.io.wire import io_failure
+from store.namespace import NamespaceReader
 from store.ops.calls import Reconnect
 from store.ops.effects import Disconnected
 from store.schema import SCHEMA_VERSION
@@ -152,6 +156,34 @@ def describe(error: StoreError, url: str | None) -> str:
     return message
 
 
+def held_elsewhere(
+    args: argparse.Namespace, request_id: str | None = None, client: Any = None
+) -> str:
+    """Where to look instead, for a request not held (or a namespace holding none) in
+    ``args.namespace``: "; namespace 'x' holds it: pass --namespace x", or the namespaces
+    that hold requests; "" when none does (or the server cannot say). On ``client``, else
+    on one of its own."""
+    own = make_client(args) if client is None else None
+    try:
+        reader = NamespaceReader(client or own, namespace=args.namespace, reconnect=CLI_RECONNECT)
+        held = reader.namespaces_holding(request_id)
+    except StoreError:  # a hint only: the error being reported is the one that counts
+        return ""
+    finally:
+        if own is not None:
+            own.close()
+    holding = [name for name, _, has in held if has]
+    if holding:
+        more = f" (and {', '.join(map(repr, holding[1:]))})" if len(holding) > 1 else ""
+        return f"; namespace {holding[0]!r}{more} holds it: pass --namespace {holding[0]}"
+    if not held:
+        return ""
+    shown = ", ".join(f"{name!r} ({count})" for name, count, _ in held[:5])
+    more = f" and {len(held) - 5} more" if len(held) > 5 else ""
+    plural = "s" if len(held) > 1 else ""
+    return f"; requests are held in namespace{plural} {shown}{more} (pass --namespace NAME)"
+
+
 def reach_hint(url: str | None) -> str:
     """What to check when the server at ``url`` cannot be reached (empty: embedded)."""
     if url is None:
@@ -166,17 +198,56 @@ def reach_hint(url: str | None) -> str:
 
 
 def version() -> str:
-    """``mstar-store 0.1.0 (schema v4)``: the installed package and the records it writes."""
+    """``mstar-store 0.1.0 (schema v5)``: the package and the schema version it writes.
+
+    The package's version is its installed metadata's; run from a source tree that is not
+    installed, the version its pyproject.toml declares, said so.
+    """
     try:
         package = importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
-        package = "(not installed)"
+    except importlib.metadata.PackageNotFoundError:
+        package = _source_version()
     return f"mstar-store {package} (schema v{SCHEMA_VERSION})"
+
+
+def _source_version() -> str:
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text())["project"]
+    except (OSError, tomllib.TOMLDecodeError, KeyError):
+        return "(version unknown: not installed)"
+    if project.get("name") != DISTRIBUTION or "version" not in project:
+        return "(version unknown: not installed)"
+    return f"{project['version']} (source tree, not installed)"
+
+
+def add_command(
+    subparsers: Any, name: str, *, summary: str, description: str, examples: Sequence[str]
+) -> argparse.ArgumentParser:
+    """A subcommand's parser: ``summary`` for the list of commands; for its ``--help``, a
+    paragraph of ``description`` and ``examples``, each a command line and (after ``#``)
+    what it does."""
+    lines = ["examples:"]
+    for example in examples:
+        command, _, what = example.partition("  # ")
+        lines.append(f"  {command}")
+        lines += [f"      {line}" for line in textwrap.wrap(what, 74)]
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        help=summary,
+        description=textwrap.fill(" ".join(description.split()), 80),
+        epilog="\n".join(lines),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=version())
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mstar-store", description="Inspect and exercise the M* conductor's request store."
+        prog="mstar-store",
+        description="Inspect and exercise the M* conductor's request store. "
+        "`mstar-store COMMAND --help` describes a command, with examples.",
     )
     parser.add_argument("--version", action="version", version=version())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -191,6 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     url: str | None = getattr(args, "redis_url", None)
     try:
         code: int = args.func(args)
+    except RequestNotFound as e:
+        hint = held_elsewhere(args, e.request_id)
+        print(f"error: {describe(e, url)} in namespace {args.namespace!r}{hint}", file=sys.stderr)
+        return 1
     except StoreError as e:
         print(f"error: {describe(e, url)}", file=sys.stderr)
         return 1

@@ -18,8 +18,20 @@ from store.store import RequestStore
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "migrate", help=f"upgrade every record of a namespace to schema version {SCHEMA_VERSION}"
+    parser = cli.add_command(
+        subparsers,
+        "migrate",
+        summary=f"upgrade every record of a namespace to schema version {SCHEMA_VERSION}",
+        description=f"""Upgrade every record of a namespace to schema version
+        {SCHEMA_VERSION}, in place, each record in a transaction of its own: safe while
+        conductors write, idempotent (a second run writes nothing) and resumable (Ctrl-C, then
+        run it again). Records are found through the request index, then by a SCAN for
+        requests missing from it. A record that cannot be upgraded is reported by key and
+        skipped (exit 1 at the end); --dry-run writes nothing and says what would change.""",
+        examples=[
+            "mstar-store migrate --dry-run  # what would be upgraded in namespace 'mstar'",
+            "mstar-store migrate --namespace prod --batch 200 --redis-url redis://10.0.0.5/0",
+        ],
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="change nothing; report what would change"

@@ -35,10 +35,13 @@ def zset_page(core: Core, key: str, cursor: int, count: int) -> Op[tuple[int, li
 
 
 def key_page(
-    core: Core, node: Node, cursor: int, match: str, count: int
+    core: Core, node: Node, cursor: int, match: str, count: int, kind: str | None = None
 ) -> Op[tuple[int, list[bytes]]]:
-    """One SCAN page of the keys matching ``match`` on one server: (next cursor, keys)."""
+    """One SCAN page of the keys matching ``match`` (of Redis type ``kind``, if given) on
+    one server: (next cursor, keys)."""
     command: Command = ("SCAN", cursor, "MATCH", match, "COUNT", count)
+    if kind is not None:
+        command += ("TYPE", kind)
     ((cursor_raw, keys),) = yield from send_to_node(core, node, [command], {"key": match})
     return int(cursor_raw), list(keys)
 
