@@ -119,6 +119,8 @@ def test_client_timeouts_fit_the_bound() -> None:
         "socket_timeout": 1.0,
     }
     assert timeouts(None)["socket_timeout"] == DEFAULT_RECONNECT.attempt_timeout == 2.0
+    # A short bound does not cut off a reply that is merely slow.
+    assert timeouts(Reconnect(give_up_after=0.3))["socket_timeout"] == 0.5
 
 
 # -- URL mistakes --------------------------------------------------------------------------

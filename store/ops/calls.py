@@ -31,6 +31,9 @@ from store.ops.effects import (
 Where = Mapping[str, "str | None"]
 
 
+MIN_ATTEMPT_TIMEOUT = 0.5
+
+
 @dataclass(frozen=True)
 class Reconnect:
     """How long a call keeps trying to reach a server that fails or is in transition.
@@ -52,8 +55,10 @@ class Reconnect:
 
     @property
     def attempt_timeout(self) -> float:
-        """The connect and read timeouts ``from_url`` gives a client: two tries fit."""
-        return self.give_up_after / 3
+        """The connect and read timeouts ``from_url`` gives a client: two tries fit in the
+        bound; never under half a second, so that a short bound (a test's, say) does not cut
+        off a reply that is merely slow (the bound then holds from half a second up)."""
+        return max(MIN_ATTEMPT_TIMEOUT, self.give_up_after / 3)
 
     def patience(self) -> Patience:
         return Patience(self)
