@@ -267,6 +267,18 @@ def test_rediss_at_a_plain_port_says_tls(server: RedisServer, namespace: str) ->
 
 
 @pytest.mark.servers
+def test_rediss_at_a_plain_port_says_tls_from_both_stores(
+    server: RedisServer, namespace: str, make_store: Stores
+) -> None:
+    url = server.url.replace("redis://", "rediss://")
+    bound = Reconnect(give_up_after=1.5)
+    store = make_store.from_url(url, namespace=namespace, reconnect=bound)
+    seconds, error = timed(store.list_requests)
+    assert TLS_HINT in str(error), str(error)
+    assert seconds <= bound.give_up_after + SLACK
+
+
+@pytest.mark.servers
 def test_a_database_word_in_the_cli_url_is_refused_at_once(
     server: RedisServer, namespace: str
 ) -> None:

@@ -23,6 +23,7 @@ from redis.asyncio.cluster import RedisCluster
 from store.io.pipelines import Pipelines
 from store.io.sync import check_client
 from store.io.wire import (
+    connect_failure,
     error_reply,
     group_by_server,
     io_failure,
@@ -87,7 +88,7 @@ class _Endpoint:
         except BaseException as e:
             if self._slots is not None:
                 self._slots.release()
-            _raise_mapped(e, self.address)
+            _raise_mapped(e, self.address, self.pool)
 
     @property
     def idle(self) -> tuple[Any, ...]:
@@ -375,9 +376,10 @@ async def _close(conn: Any) -> None:
         log.debug("closing a broken connection: %r", e)
 
 
-def _raise_mapped(error: BaseException, where: str) -> NoReturn:
-    """Raise what ``error`` becomes (``store.io.wire.io_failure``); itself if no redis error."""
-    failure = io_failure(error, where)
+def _raise_mapped(error: BaseException, where: str, pool: Any = None) -> NoReturn:
+    """Raise what ``error`` becomes (``store.io.wire.io_failure``; ``connect_failure`` for
+    a connection taken from ``pool``); itself if no redis error."""
+    failure = io_failure(error, where) if pool is None else connect_failure(error, where, pool)
     if failure is error:
         raise error
     raise failure from error

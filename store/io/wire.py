@@ -155,6 +155,16 @@ def _tls_failure(error: BaseException) -> BaseException | None:
     return None
 
 
+def connect_failure(error: BaseException, where: str, pool: Any) -> BaseException:
+    """What a failure to take a connection from ``pool`` becomes (``io_failure``). A TLS
+    connection that timed out asks about TLS: a plain server never answers a handshake
+    (redis.asyncio's timeout does not say it was the handshake's)."""
+    tls = "SSL" in getattr(getattr(pool, "connection_class", None), "__name__", "")
+    if tls and isinstance(error, redis.TimeoutError) and _tls_failure(error) is None:
+        return Disconnected(f"{where}: {TLS_HINT} ({type(error).__name__}: {error})", node=where)
+    return io_failure(error, where)
+
+
 def io_failure(error: BaseException, where: str) -> BaseException:
     """What a redis-py exception met while sending or reading becomes.
 
