@@ -78,8 +78,9 @@ class Patience:
         self.waited = 0.0
 
     def next_pause(self) -> float | None:
-        """Seconds to wait before the next try, or None: give up (``give_up_after`` seconds
-        after the first call, whatever happened in between: a wait, not a failed try)."""
+        """Seconds to wait before asking again, or None: give up (``give_up_after`` seconds
+        after the first time it was asked). For waits on a server that answers (a refusal
+        to retry, a busy claim); a failed try is ``after_failure``'s."""
         now = time.monotonic()
         if self._first_failure is None:
             self._first_failure = now
