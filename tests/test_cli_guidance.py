@@ -182,3 +182,18 @@ def test_nothing_held_anywhere_names_only_the_namespace(on_fake: object) -> None
         1, "", "error: no such request (request 'nope') in namespace 'mstar'\n"
     )  # fmt: skip
     assert run("ls") == (0, "no requests in namespace 'mstar'\n", "")
+
+
+@pytest.mark.fake
+def test_show_points_to_a_history_command_that_finds_it(on_fake: object) -> None:
+    assert run("demo", "--requests", "1", "--keep", "--namespace", "elsewhere")[0] == 0
+    rid = run("ls", "--namespace", "elsewhere")[1].splitlines()[1].split()[0]
+
+    last = run("show", rid, "--namespace", "elsewhere")[1].splitlines()[-1]
+    assert last == f"history: mstar-store history {rid} --namespace elsewhere"
+    code, out, err = run(*shlex.split(last.removeprefix("history: "))[1:])
+    assert code == 0 and out.startswith(f"history of request {rid!r}"), out + err
+
+    assert run("demo", "--requests", "1", "--keep", "--namespace", "mstar")[0] == 0
+    rid = run("ls")[1].splitlines()[1].split()[0]
+    assert run("show", rid)[1].splitlines()[-1] == f"history: mstar-store history {rid}"

@@ -30,7 +30,13 @@ from mstar.engine.resources import (
     PublishedPositionInfo,
     SamplingReqConfig,
 )
-from store.cli.main import DEFAULT_REDIS_URL, add_command, add_common_options, open_store
+from store.cli.main import (
+    DEFAULT_REDIS_URL,
+    add_command,
+    add_common_options,
+    open_store,
+    same_place,
+)
 from store.cli.view import connection_progress
 from store.io.connect import redacted
 from store.records import RequestState
@@ -149,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {label:<20}{value:>6}  {note}")
     print(f"  {'elapsed':<20}{elapsed:>6.2f}  seconds")
     if args.keep:
-        print("\n".join(next_commands(args.redis_url, args.namespace, requests[0].request_id)))
+        print("\n".join(next_commands(args, requests[0].request_id)))
     return 0
 
 
@@ -168,23 +174,22 @@ LEGEND = (
 )
 
 
-def next_commands(url: str | None, namespace: str, request_id: str) -> list[str]:
+def next_commands(args: argparse.Namespace, request_id: str) -> list[str]:
     """What to run next to look at the requests a ``--keep`` run kept, with the options
-    that find them (``ls`` defaults to another namespace and to $MSTAR_REDIS_URL)."""
-    if url is None:
+    that find them (``ls`` defaults to another namespace, and to $MSTAR_REDIS_URL)."""
+    if args.redis_url is None:
         return [
             "kept in the embedded Redis, which ends with this process; to keep them for "
             "`ls` and `show`, run the demo on a server:",
             f"  mstar-store demo --keep --redis-url {DEFAULT_REDIS_URL}",
         ]
-    shown = redacted(url)
-    options = f"--namespace {shlex.quote(namespace)} --redis-url {shlex.quote(shown)}"
+    options = same_place(args)
     lines = [
         "kept; to look at them:",
-        f"  mstar-store ls {options}",
-        f"  mstar-store show {shlex.quote(request_id)} {options}",
+        f"  mstar-store ls{options}",
+        f"  mstar-store show {shlex.quote(request_id)}{options}",
     ]
-    if shown != url:
+    if redacted(args.redis_url) != args.redis_url and "--redis-url" in options:
         lines.append("  (with the URL's password in place of ***)")
     return lines
 

@@ -13,6 +13,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import shlex
 import sys
 import textwrap
 import tomllib
@@ -146,6 +147,19 @@ def warn_if_evicting(store: RequestStore) -> None:
     for finding in store.check_eviction():
         if finding.level == "fatal":
             print(f"warning: {finding.message}; or see `mstar-store doctor`", file=sys.stderr)
+
+
+def same_place(args: argparse.Namespace) -> str:
+    """The options another command needs to reach ``args``'s namespace and server, beyond
+    what it assumes by default ($MSTAR_NAMESPACE and $MSTAR_REDIS_URL, else 'mstar' and the
+    local Redis): "" or " --namespace NS --redis-url URL" (its password hidden)."""
+    options = ""
+    if args.namespace != (os.environ.get("MSTAR_NAMESPACE") or DEFAULT_NAMESPACE):
+        options += f" --namespace {shlex.quote(args.namespace)}"
+    url: str | None = args.redis_url
+    if url is not None and url != (os.environ.get("MSTAR_REDIS_URL") or DEFAULT_REDIS_URL):
+        options += f" --redis-url {shlex.quote(redacted(url))}"
+    return options
 
 
 def describe(error: StoreError, url: str | None) -> str:

@@ -18,7 +18,13 @@ import msgspec
 
 from mstar.conductor.request_info import PartitionState, StreamingConnectionState
 from mstar.engine.resources import PublishedKVInfo, PublishedPositionInfo
-from store.cli.main import add_command, add_common_options, held_elsewhere, open_store
+from store.cli.main import (
+    add_command,
+    add_common_options,
+    held_elsewhere,
+    open_store,
+    same_place,
+)
 from store.codec.kinds import POLYMORPHIC_BASES, KindRegistry
 from store.errors import RequestNotFound, StoreError
 from store.records import Lease, RequestState
@@ -123,7 +129,7 @@ def run_show(args: argparse.Namespace) -> int:
         print(msgspec.json.format(encoded, indent=2).decode())
     else:
         print("\n".join(describe(state, registry, args.namespace, time.time())))
-        print(f"history: mstar-store history {args.request_id}")
+        print(f"history: mstar-store history {args.request_id}{same_place(args)}")
     return 0
 
 
