@@ -187,7 +187,11 @@ class TransactionConflictError(StoreError):
 
 
 class StoreConnectionError(StoreError, ConnectionError):
-    """Redis could not be reached, after redis-py's own retries."""
+    """Redis could not be reached, or did not answer, within the store's ``Reconnect``
+    bound; ``waited`` (seconds) and ``tries`` say what the call did, where it counted."""
+
+    waited: float | None = None
+    tries: int | None = None
 
 
 class ReplicaDrainingError(StoreError):

@@ -22,6 +22,13 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+def checked_first(core: Core, op: Op[T]) -> Op[T]:
+    """``op`` after the eviction check of a store's first call, in one run: a server that
+    does not answer costs the call one bound (``Reconnect``), not the check's try more."""
+    yield from warn_if_evicting(core)
+    return (yield from op)
+
+
 class Facade:
     """A store: its ``Core`` and the executor that runs its operations."""
 
@@ -62,13 +69,14 @@ class sync_method(Generic[P, T]):
         def function(store: Facade, /, *args: P.args, **kwargs: P.kwargs) -> T:
             run: Callable[[Op[T]], T] = store._executor.run
             core = store._core
+            ran = op(core, *args, **kwargs)
             if core.open_check_pending and core.take_open_check():
-                run(warn_if_evicting(core))  # type: ignore[arg-type]
+                ran = checked_first(core, ran)
             instruments = core.instruments
             if not instruments.recording():
-                return run(op(core, *args, **kwargs))
+                return run(ran)
             with instruments.operation(name, _request_id(args, kwargs)):
-                return run(op(core, *args, **kwargs))
+                return run(ran)
 
         _present(function, op)
         self.function = function
@@ -99,13 +107,14 @@ class async_method(Generic[P, T]):
         async def function(store: Facade, /, *args: P.args, **kwargs: P.kwargs) -> T:
             run: Callable[[Op[T]], Coroutine[Any, Any, T]] = store._executor.run
             core = store._core
+            ran = op(core, *args, **kwargs)
             if core.open_check_pending and core.take_open_check():
-                await run(warn_if_evicting(core))  # type: ignore[arg-type]
+                ran = checked_first(core, ran)
             instruments = core.instruments
             if not instruments.recording():
-                return await run(op(core, *args, **kwargs))
+                return await run(ran)
             with instruments.operation(name, _request_id(args, kwargs)):
-                return await run(op(core, *args, **kwargs))
+                return await run(ran)
 
         _present(function, op)
         self.function = function

@@ -66,6 +66,15 @@ _REQUEST_ID = re.compile(r"[!-z|~]+")
 # Partition names end up inside keys and connection names: no separators, no arrow.
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.\-:]+")
+INDEX_SUFFIX = ":requests"  # a namespace's request index: <ns>:requests
+
+
+def namespace_of_index(key: str) -> str | None:
+    """The namespace whose request index ``key`` is; None for any other key."""
+    namespace = key.removesuffix(INDEX_SUFFIX)
+    if namespace == key or not _NAMESPACE.fullmatch(namespace):
+        return None
+    return namespace
 
 
 def validate_request_id(request_id: object) -> str:
@@ -148,7 +157,7 @@ class KeySpace:
     @property
     def index(self) -> str:
         """``<ns>:requests``: the request index (request id -> creation time)."""
-        return f"{self.namespace}:requests"
+        return f"{self.namespace}{INDEX_SUFFIX}"
 
     @property
     def deadlines(self) -> str:

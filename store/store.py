@@ -36,7 +36,7 @@ from typing import Any
 from store.backoff import RetryPolicy
 from store.codec import Codec
 from store.facade import Facade, sync_method
-from store.io.connect import client_from_url, close_client
+from store.io.connect import client_from_url, close_client, timeouts
 from store.io.sync import SyncExecutor
 from store.io.wire import describe_client
 from store.keys import KeySpace
@@ -106,8 +106,12 @@ def settings_from(
 
 
 def split_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Take the store's own settings out of ``from_url``'s options (the rest go to redis-py)."""
-    return {k: options.pop(k) for k in SETTING_NAMES if k in options}
+    """Take the store's own settings out of ``from_url``'s options (the rest go to redis-py,
+    with the connect and read timeouts that ``reconnect``'s bound needs, unless given)."""
+    settings = {k: options.pop(k) for k in SETTING_NAMES if k in options}
+    for name, seconds in timeouts(settings.get("reconnect")).items():
+        options.setdefault(name, seconds)
+    return settings
 
 
 class RequestStore(StoreSettings):
@@ -150,6 +154,8 @@ class RequestStore(StoreSettings):
 
         Its first call also asks the server's ``maxmemory-policy`` (one round trip, once)
         and logs a warning if the server may evict keys; ``check_server`` says more.
+        ``reconnect=Reconnect(give_up_after=S)`` bounds how long any call waits on a server
+        that does not answer (default 6 s): the client's timeouts are set to fit it.
         """
         store_options = split_options(options)
         store = cls(client_from_url(url, **options), namespace=namespace, **store_options)

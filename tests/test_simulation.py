@@ -57,7 +57,9 @@ def assert_all_finished_and_matched(
     if drains:
         assert f"{drains} drained" in stopped
     assert "result: OK" in result.out
-    assert f"] {requests}/{requests} finished" in result.err  # the progress bar's last state
+    # The progress's last state, as a plain line: stderr is no terminal here.
+    assert f"\n{requests}/{requests} finished" in "\n" + result.err
+    assert "\r" not in result.err
 
 
 # -- the runtime's replicas, sync and async, killed and drained ------------------------------

@@ -12,11 +12,18 @@ from __future__ import annotations
 import argparse
 import math
 import secrets
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.cli.main import add_common_options, open_store
+from store.cli.main import (
+    DEFAULT_REDIS_URL,
+    add_command,
+    add_common_options,
+    open_store,
+    same_place,
+)
 from store.cli.view import connection_progress
 from store.io.connect import redacted
 from store.records import RequestState
@@ -80,8 +87,24 @@ class Totals:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "demo", help="run a few requests through a two-partition model and print the state"
+    parser = add_command(
+        subparsers,
+        "demo",
+        summary="run a few requests through a two-partition model and print the state",
+        description=f"""Play the conductor's loop on the store for a two-partition model: an
+        {LLM} partition (tensor parallel {LLM_RANKS}: each rank reports every forward pass and
+        publishes its KV shard) streams tokens over {STREAM} to an audio {CODEC}. Each request
+        is created, driven pass by pass (reports, pass completion, advance, streamed and
+        consumed tokens) to done, given its final outputs and deleted, unless --keep; every
+        line printed is read back from the store, and a legend explains them. Without
+        --redis-url it needs no server (an embedded in-process fakeredis). It writes namespace
+        {DEMO_NAMESPACE!r}, never the live one unless told with --namespace.""",
+        examples=[
+            "mstar-store demo  # three requests on the embedded fakeredis: nothing to set up",
+            "mstar-store demo --requests 5 --keep --redis-url redis://127.0.0.1:6379/0"
+            "  # five requests on a real Redis, kept; it prints the `ls` and `show` commands"
+            " that find them",
+        ],
     )
     parser.add_argument(
         "--requests", type=_positive, default=3, metavar="N", help="requests to run (default 3)"
@@ -107,13 +130,15 @@ def run(args: argparse.Namespace) -> int:
     count = f"{args.requests} request{'s' if args.requests != 1 else ''}"
     started = time.perf_counter()
     totals = Totals()
-    with open_store(args) as store:
+    with open_store(args, writes=True) as store:
         print(f"mstar-store demo: {count} on {where}, namespace {args.namespace!r}")
-        for request in plan(args.requests, tag=secrets.token_hex(3)):
+        requests = plan(args.requests, tag=secrets.token_hex(3))
+        for request in requests:
             _run_request(store, request, totals, keep=args.keep)
         merges, retries = store.stats.merges, store.stats.retries
     elapsed = time.perf_counter() - started
-    kept = "kept (see `mstar-store ls`)" if args.keep else "deleted"
+    print("\n".join(LEGEND))
+    kept = "kept (see below)" if args.keep else "deleted"
     rows = [
         ("requests", totals.requests, f"created, run to done, {kept}"),
         ("forward passes", sum(totals.passes.values()),
@@ -127,7 +152,44 @@ def run(args: argparse.Namespace) -> int:
     for label, value, note in rows:
         print(f"  {label:<20}{value:>6}  {note}")
     print(f"  {'elapsed':<20}{elapsed:>6.2f}  seconds")
+    if args.keep:
+        print("\n".join(next_commands(args, requests[0].request_id)))
     return 0
+
+
+LEGEND_ROWS = (
+    ("pass N", "the partition's forward pass number (the first is 0)"),
+    ("tokens +A = T", "tokens this pass added, and the partition's total"),
+    ("ranks R/N", "worker reports received / ranks of the worker graph (all in: complete)"),
+    ("kv ranks .. seq", "the KV shards published, one per LLM rank, and their sequence length"),
+    (f"{STREAM} S/C", f"the stream: tokens sent by {LLM} / consumed by {CODEC} so far"),
+    ("done", f"(after S/C) {LLM} has sent its last token on the stream"),
+    ("-> done", "this pass finished the partition: it runs no more passes"),
+)
+LEGEND = (
+    "legend (one line per forward pass, read back from the store after its last report)",
+    *(f"  {term:<16} {meaning}" for term, meaning in LEGEND_ROWS),
+)
+
+
+def next_commands(args: argparse.Namespace, request_id: str) -> list[str]:
+    """What to run next to look at the requests a ``--keep`` run kept, with the options
+    that find them (``ls`` defaults to another namespace, and to $MSTAR_REDIS_URL)."""
+    if args.redis_url is None:
+        return [
+            "kept in the embedded Redis, which ends with this process; to keep them for "
+            "`ls` and `show`, run the demo on a server:",
+            f"  mstar-store demo --keep --redis-url {DEFAULT_REDIS_URL}",
+        ]
+    options = same_place(args)
+    lines = [
+        "kept; to look at them:",
+        f"  mstar-store ls{options}",
+        f"  mstar-store show {shlex.quote(request_id)}{options}",
+    ]
+    if redacted(args.redis_url) != args.redis_url and "--redis-url" in options:
+        lines.append("  (with the URL's password in place of ***)")
+    return lines
 
 
 def _run_request(store: RequestStore, request: RequestPlan, totals: Totals, *, keep: bool) -> None:

@@ -11,13 +11,24 @@ from typing import Any
 
 import msgspec
 
-from store.cli.main import add_common_options, open_store
+from store.cli.main import add_command, add_common_options, open_store
 from store.health import worst
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "doctor", help="check the server: eviction, persistence, mode, scripts, ACL, namespace"
+    parser = add_command(
+        subparsers,
+        "doctor",
+        summary="check the server: eviction, persistence, mode, scripts, ACL, namespace",
+        description="""Check whether a Redis is fit for the store, one line per check: the
+        eviction policy (anything but noeviction loses requests), persistence (AOF), the
+        version and mode (single server, Sentinel or Cluster, and every slot served), Lua
+        scripts, the ACL user's permissions and the namespace. Exits 1 if any check is fatal,
+        so a deployment script can stop there; --json for a machine.""",
+        examples=[
+            "mstar-store doctor --redis-url redis://10.0.0.5:6379/0",
+            "mstar-store doctor --json --redis-url redis+sentinel://s1:26379,s2:26379/mymaster",
+        ],
     )
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
     add_common_options(parser)

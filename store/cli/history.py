@@ -32,8 +32,19 @@ PAGE = 1000  # entries per XRANGE: the stream is capped, but not by this reader
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "history", help="print one request's timeline of operations, oldest first"
+    parser = cli.add_command(
+        subparsers,
+        "history",
+        summary="print one request's timeline of operations, oldest first",
+        description="""Print one request's timeline, oldest first, from the capped stream the
+        store's scripts append to: one line per operation (report, merge, advance, step,
+        claim, release, renew, create, finish, delete) with its partition, pass, rank, worker
+        graph, replica and outcome (applied, duplicate, stale, fenced or refused). It outlives
+        the request until its keys expire. --json prints the entries as a JSON list.""",
+        examples=[
+            "mstar-store history req-42  # why did req-42 stall, and who drove it",
+            "mstar-store history req-42 --json --namespace mstar-demo",
+        ],
     )
     parser.add_argument("request_id", metavar="REQUEST_ID")
     parser.add_argument("--json", action="store_true", help="print a JSON list of entries")
@@ -127,14 +138,19 @@ def run(args: argparse.Namespace) -> int:
         )
         entries = read_history(reader, store.keys.history(rid))
         held = store.request_exists(rid)
+        elsewhere = "" if entries or held else cli.held_elsewhere(args, rid, store.client)
     if args.json:
         encoded = msgspec.json.encode([to_json(e) for e in entries])
         print(msgspec.json.format(encoded, indent=2).decode())
         if not entries and not held:
-            print(f"error: no request {rid!r} and no history of it", file=sys.stderr)
+            print(
+                f"error: no request {rid!r} and no history of it in namespace "
+                f"{args.namespace!r}{elsewhere}",
+                file=sys.stderr,
+            )
     elif not entries:
         what = "the request is held" if held else "and no such request is held"
-        print(f"no history of request {rid!r} in namespace {args.namespace!r} ({what})")
+        print(f"no history of request {rid!r} in namespace {args.namespace!r} ({what}){elsewhere}")
     else:
         count = f"{len(entries)} entr{'ies' if len(entries) != 1 else 'y'}"
         print(f"history of request {rid!r} in namespace {args.namespace!r}: {count}, "

@@ -13,17 +13,22 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import shlex
 import sys
+import textwrap
+import tomllib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import redis
 from redis.exceptions import RedisClusterException
 
-from store.errors import ConfigurationError, StoreConnectionError, StoreError
-from store.io.connect import client_from_url, parse_url, redacted
+from store.errors import ConfigurationError, RequestNotFound, StoreConnectionError, StoreError
+from store.io.connect import client_from_url, parse_url, redacted, timeouts
 from store.io.wire import io_failure
+from store.namespace import NamespaceReader
 from store.ops.calls import Reconnect
 from store.ops.effects import Disconnected
 from store.schema import SCHEMA_VERSION
@@ -44,9 +49,9 @@ COMMAND_MODULES = (
 DISTRIBUTION = "mstar-conductor-store"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_NAMESPACE = "mstar"
-CONNECT_TIMEOUT = 5.0
-# Someone waits at the terminal: say that Redis is down after a second, not after five.
-CLI_RECONNECT = Reconnect(give_up_after=1.0)
+# Someone waits at the terminal: say within 3 s that Redis is down or silent, not after the
+# library's 6 (connects and reads time out after 1 s each, see ``connect``).
+CLI_RECONNECT = Reconnect(give_up_after=3.0)
 _NO_EMBEDDED = (
     "the embedded Redis needs {missing}, which is not installed: "
     "`pip install 'mstar-conductor-store[demo]'` (or '[test]'), or pass --redis-url"
@@ -100,7 +105,7 @@ def connect(url: str) -> Any:
     """A redis-py client for ``url``; a failure while it is built (a cluster client
     connects then) is the store error it stands for."""
     try:
-        return client_from_url(url, socket_connect_timeout=CONNECT_TIMEOUT)
+        return client_from_url(url, **timeouts(CLI_RECONNECT))
     except (redis.RedisError, RedisClusterException) as e:
         raise as_store_error(e, url) from e
 
@@ -123,13 +128,38 @@ def as_store_error(error: BaseException, url: str | None) -> StoreError:
 
 
 @contextmanager
-def open_store(args: argparse.Namespace) -> Iterator[RequestStore]:
-    """A store on ``make_client(args)`` in ``args.namespace``; the client is closed after."""
+def open_store(args: argparse.Namespace, *, writes: bool = False) -> Iterator[RequestStore]:
+    """A store on ``make_client(args)`` in ``args.namespace``; the client is closed after.
+    A command that ``writes`` is told first if the server may evict what it writes."""
     client = make_client(args)
     try:
-        yield RequestStore(client, namespace=args.namespace, reconnect=CLI_RECONNECT)
+        store = RequestStore(client, namespace=args.namespace, reconnect=CLI_RECONNECT)
+        if writes:
+            warn_if_evicting(store)
+        yield store
     finally:
         client.close()
+
+
+def warn_if_evicting(store: RequestStore) -> None:
+    """Say on stderr that the server may evict the store's keys, as ``from_url``'s first
+    call logs it: the command goes on (a demo on a cache is fine), the user knows."""
+    for finding in store.check_eviction():
+        if finding.level == "fatal":
+            print(f"warning: {finding.message}; or see `mstar-store doctor`", file=sys.stderr)
+
+
+def same_place(args: argparse.Namespace) -> str:
+    """The options another command needs to reach ``args``'s namespace and server, beyond
+    what it assumes by default ($MSTAR_NAMESPACE and $MSTAR_REDIS_URL, else 'mstar' and the
+    local Redis): "" or " --namespace NS --redis-url URL" (its password hidden)."""
+    options = ""
+    if args.namespace != (os.environ.get("MSTAR_NAMESPACE") or DEFAULT_NAMESPACE):
+        options += f" --namespace {shlex.quote(args.namespace)}"
+    url: str | None = args.redis_url
+    if url is not None and url != (os.environ.get("MSTAR_REDIS_URL") or DEFAULT_REDIS_URL):
+        options += f" --redis-url {shlex.quote(redacted(url))}"
+    return options
 
 
 def describe(error: StoreError, url: str | None) -> str:
@@ -138,6 +168,34 @@ def describe(error: StoreError, url: str | None) -> str:
     if isinstance(error, StoreConnectionError):
         return message.rstrip(".") + reach_hint(url)
     return message
+
+
+def held_elsewhere(
+    args: argparse.Namespace, request_id: str | None = None, client: Any = None
+) -> str:
+    """Where to look instead, for a request not held (or a namespace holding none) in
+    ``args.namespace``: "; namespace 'x' holds it: pass --namespace x", or the namespaces
+    that hold requests; "" when none does (or the server cannot say). On ``client``, else
+    on one of its own."""
+    own = make_client(args) if client is None else None
+    try:
+        reader = NamespaceReader(client or own, namespace=args.namespace, reconnect=CLI_RECONNECT)
+        held = reader.namespaces_holding(request_id)
+    except StoreError:  # a hint only: the error being reported is the one that counts
+        return ""
+    finally:
+        if own is not None:
+            own.close()
+    holding = [name for name, _, has in held if has]
+    if holding:
+        more = f" (and {', '.join(map(repr, holding[1:]))})" if len(holding) > 1 else ""
+        return f"; namespace {holding[0]!r}{more} holds it: pass --namespace {holding[0]}"
+    if not held:
+        return ""
+    shown = ", ".join(f"{name!r} ({count})" for name, count, _ in held[:5])
+    more = f" and {len(held) - 5} more" if len(held) > 5 else ""
+    plural = "s" if len(held) > 1 else ""
+    return f"; requests are held in namespace{plural} {shown}{more} (pass --namespace NAME)"
 
 
 def reach_hint(url: str | None) -> str:
@@ -154,17 +212,56 @@ def reach_hint(url: str | None) -> str:
 
 
 def version() -> str:
-    """``mstar-store 0.1.0 (schema v4)``: the installed package and the records it writes."""
+    """``mstar-store 0.1.0 (schema v5)``: the package and the schema version it writes.
+
+    The package's version is its installed metadata's; run from a source tree that is not
+    installed, the version its pyproject.toml declares, said so.
+    """
     try:
         package = importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
-        package = "(not installed)"
+    except importlib.metadata.PackageNotFoundError:
+        package = _source_version()
     return f"mstar-store {package} (schema v{SCHEMA_VERSION})"
+
+
+def _source_version() -> str:
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text())["project"]
+    except (OSError, tomllib.TOMLDecodeError, KeyError):
+        return "(version unknown: not installed)"
+    if project.get("name") != DISTRIBUTION or "version" not in project:
+        return "(version unknown: not installed)"
+    return f"{project['version']} (source tree, not installed)"
+
+
+def add_command(
+    subparsers: Any, name: str, *, summary: str, description: str, examples: Sequence[str]
+) -> argparse.ArgumentParser:
+    """A subcommand's parser: ``summary`` for the list of commands; for its ``--help``, a
+    paragraph of ``description`` and ``examples``, each a command line and (after ``#``)
+    what it does."""
+    lines = ["examples:"]
+    for example in examples:
+        command, _, what = example.partition("  # ")
+        lines.append(f"  {command}")
+        lines += [f"      {line}" for line in textwrap.wrap(what, 74)]
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        help=summary,
+        description=textwrap.fill(" ".join(description.split()), 80),
+        epilog="\n".join(lines),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=version())
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mstar-store", description="Inspect and exercise the M* conductor's request store."
+        prog="mstar-store",
+        description="Inspect and exercise the M* conductor's request store. "
+        "`mstar-store COMMAND --help` describes a command, with examples.",
     )
     parser.add_argument("--version", action="version", version=version())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -179,6 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     url: str | None = getattr(args, "redis_url", None)
     try:
         code: int = args.func(args)
+    except RequestNotFound as e:
+        hint = held_elsewhere(args, e.request_id)
+        print(f"error: {describe(e, url)} in namespace {args.namespace!r}{hint}", file=sys.stderr)
+        return 1
     except StoreError as e:
         print(f"error: {describe(e, url)}", file=sys.stderr)
         return 1
@@ -187,6 +288,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Redis without it (the simulation's own lists), so that no user sees a traceback.
         print(f"error: {describe(as_store_error(e, url), url)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, and the shell's exit status for SIGINT (128 + 2).
+        print(f"interrupted: mstar-store {args.command} stopped", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader went away (`mstar-store ls | head`): stop quietly, as Python's docs advise.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -11,13 +11,27 @@ import sys
 from typing import Any, TextIO
 
 from store.cli import main as cli
+from store.cli.progress import Progress
 from store.migrate import MigrationReport, migrate_namespace
 from store.schema import SCHEMA_VERSION
+from store.store import RequestStore
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "migrate", help=f"upgrade every record of a namespace to schema version {SCHEMA_VERSION}"
+    parser = cli.add_command(
+        subparsers,
+        "migrate",
+        summary=f"upgrade every record of a namespace to schema version {SCHEMA_VERSION}",
+        description=f"""Upgrade every record of a namespace to schema version
+        {SCHEMA_VERSION}, in place, each record in a transaction of its own: safe while
+        conductors write, idempotent (a second run writes nothing) and resumable (Ctrl-C, then
+        run it again). Records are found through the request index, then by a SCAN for
+        requests missing from it. A record that cannot be upgraded is reported by key and
+        skipped (exit 1 at the end); --dry-run writes nothing and says what would change.""",
+        examples=[
+            "mstar-store migrate --dry-run  # what would be upgraded in namespace 'mstar'",
+            "mstar-store migrate --namespace prod --batch 200 --redis-url redis://10.0.0.5/0",
+        ],
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="change nothing; report what would change"
@@ -33,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
     client = cli.make_client(args)
     bar = ProgressBar(sys.stderr)
     try:
+        if not args.dry_run:
+            store = RequestStore(client, namespace=args.namespace, reconnect=cli.CLI_RECONNECT)
+            cli.warn_if_evicting(store)
         report = migrate_namespace(
             client, args.namespace, batch=args.batch, dry_run=args.dry_run,
             progress=bar.update, reconnect=cli.CLI_RECONNECT,
@@ -69,28 +86,18 @@ def summary(report: MigrationReport, namespace: str) -> list[str]:
 
 
 class ProgressBar:
-    """One line on a stream, redrawn in place: ``[#####.....] 510/1000 requests ...``."""
+    """``migrate_namespace``'s progress, shown as a ``Progress`` of requests."""
 
-    def __init__(self, stream: TextIO, width: int = 30) -> None:
-        self.stream = stream
-        self.width = width
-        self.drawn = False
+    def __init__(self, stream: TextIO) -> None:
+        self.bar = Progress(stream, label="requests")
 
     def update(self, done: int, total: int, report: MigrationReport) -> None:
-        filled = self.width * done // total if total else self.width
-        bar = "#" * filled + "." * (self.width - filled)
-        self.stream.write(
-            f"\r[{bar}] {done}/{total} requests  {report.upgraded} upgraded  "
-            f"{report.current} current  {len(report.failed)} failed"
-        )
-        self.stream.flush()
-        self.drawn = True
+        failed = len(report.failed)
+        detail = f"{report.upgraded} upgraded  {report.current} current  {failed} failed"
+        self.bar.update(done, detail, total=total, force=done == total)
 
     def finish(self) -> None:
-        if self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.drawn = False
+        self.bar.close()
 
 
 def _positive(text: str) -> int:

@@ -14,8 +14,18 @@ DEFAULT_WITHIN = 5.0
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "replicas", help="list the conductor replicas and the age of their last heartbeat"
+    parser = cli.add_command(
+        subparsers,
+        "replicas",
+        summary="list the conductor replicas and the age of their last heartbeat",
+        description="""List the conductor replicas of a namespace from their heartbeats
+        (store.Replica beats while it runs), most recent first: those that beat within
+        --within seconds are live; --all lists the silent ones too (stopped, crashed or cut
+        off; their leases lapse and other replicas take their steps over).""",
+        examples=[
+            "mstar-store replicas  # the live replicas of namespace 'mstar'",
+            "mstar-store replicas --all --within 10  # every replica seen, live within 10 s",
+        ],
     )
     parser.add_argument(
         "--within",

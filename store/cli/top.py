@@ -39,8 +39,20 @@ NO_RICH_HINT = (
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "top", help="a live view: requests, passes, due steps, replicas, Redis"
+    parser = cli.add_command(
+        subparsers,
+        "top",
+        summary="a live view: requests, passes, due steps, replicas, Redis",
+        description="""A live view of one namespace, redrawn every --interval seconds until
+        Ctrl-C: requests in flight, forward passes and reports a second, steps due for
+        recovery, live replicas and what each holds, and each Redis server's memory and load.
+        A frame costs two round trips and an INFO per server, whatever the number of requests.
+        With rich installed it draws a table, else plain text; --once prints one frame
+        (--json: as JSON) and exits.""",
+        examples=[
+            "mstar-store top  # namespace 'mstar', a frame a second",
+            "mstar-store top --once --json --namespace staging  # one frame, for a script",
+        ],
     )
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
     parser.add_argument("--json", action="store_true", help="with --once: print it as JSON")
@@ -280,9 +292,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             draw_once(frame, args.within)
         return 0
-    except KeyboardInterrupt:
-        return 130
-    finally:
+    finally:  # Ctrl-C, the way out of the live view, is main's to report (exit 130)
         client.close()
 
 

@@ -16,7 +16,13 @@ from typing import Any
 
 import msgspec
 
-from store.cli.main import add_common_options, open_store
+from store.cli.main import (
+    add_command,
+    add_common_options,
+    held_elsewhere,
+    open_store,
+    same_place,
+)
 from store.codec.kinds import POLYMORPHIC_BASES, KindRegistry
 from store.errors import RequestNotFound, StoreError
 from store.records import Lease, RequestState
@@ -32,10 +38,39 @@ _RECORD_HEADER_FIELDS = ("request_id", "partitions", "connections", "created_at"
 
 
 def add_parser(subparsers: Any) -> None:
-    ls = subparsers.add_parser("ls", help="list the requests held, one line each")
+    ls = add_command(
+        subparsers,
+        "ls",
+        summary="list the requests held, one line each",
+        description="""List the requests held in a namespace, one line each: its age, each
+        partition's forward pass and tokens ([done] once finished), each streaming
+        connection's tokens sent/consumed, and the replica driving each partition with its
+        lease's time left. A request that finished and expired, or one that does not read, is
+        said so on its line and the list goes on. In an empty namespace it names the
+        namespaces that do hold requests.""",
+        examples=[
+            "mstar-store ls  # namespace 'mstar' on $MSTAR_REDIS_URL, else the local Redis",
+            "mstar-store ls --namespace mstar-demo --redis-url redis://10.0.0.5:6379/0"
+            "  # what `demo --keep` kept on that server",
+        ],
+    )
     add_common_options(ls)
     ls.set_defaults(func=run_ls)
-    show = subparsers.add_parser("show", help="print one request's whole state")
+    show = add_command(
+        subparsers,
+        "show",
+        summary="print one request's whole state",
+        description="""Print every field of one request as the store holds it: the request's
+        record, each partition and each streaming connection, with published infos and
+        resource configs named by the kind they are stored under. --json prints the same as
+        JSON, for scripts. A request that is not held is an error (exit 1) naming the namespace
+        looked in and any namespaces that hold that id; a damaged one names its key and
+        field.""",
+        examples=[
+            "mstar-store show req-42  # in namespace 'mstar'",
+            "mstar-store show req-42 --json --namespace staging | jq .partitions",
+        ],
+    )
     show.add_argument("request_id", metavar="REQUEST_ID")
     show.add_argument("--json", action="store_true", help="print machine-readable JSON")
     add_common_options(show)
@@ -46,7 +81,8 @@ def run_ls(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         ids = store.list_requests()
         if not ids:
-            print(f"no requests in namespace {args.namespace!r}")
+            hint = held_elsewhere(args, client=store.client)
+            print(f"no requests in namespace {args.namespace!r}{hint}")
             return 0
         print(f"{len(ids)} request{'s' if len(ids) != 1 else ''} in namespace {args.namespace!r}")
         width = max(len(rid) for rid in ids)
@@ -97,7 +133,7 @@ def run_show(args: argparse.Namespace) -> int:
         print(msgspec.json.format(encoded, indent=2).decode())
     else:
         print("\n".join(describe(state, registry, args.namespace, time.time())))
-        print(f"history: mstar-store history {args.request_id}")
+        print(f"history: mstar-store history {args.request_id}{same_place(args)}")
     return 0
 
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -22,6 +23,7 @@ from redis.asyncio.cluster import RedisCluster
 from store.io.pipelines import Pipelines
 from store.io.sync import check_client
 from store.io.wire import (
+    connect_failure,
     error_reply,
     group_by_server,
     io_failure,
@@ -86,7 +88,7 @@ class _Endpoint:
         except BaseException as e:
             if self._slots is not None:
                 self._slots.release()
-            _raise_mapped(e, self.address)
+            _raise_mapped(e, self.address, self.pool)
 
     @property
     def idle(self) -> tuple[Any, ...]:
@@ -135,6 +137,7 @@ class AsyncExecutor:
         pipes: _Pipes | None = None  # the connections of writes not collected yet
         value: Any = None
         error: BaseException | None = None
+        started = time.monotonic()  # a call's patience counts from here (Reconnect)
         task = asyncio.current_task()
         cancels = task.cancelling() if task is not None else 0
         try:
@@ -186,6 +189,8 @@ class AsyncExecutor:
                     if held is not None:
                         await held[0].give_back(held[1])  # closed by _exchange
                         held = None
+                    if e.since is None:
+                        e.since = started
                     error = e
         finally:
             op.close()
@@ -371,9 +376,10 @@ async def _close(conn: Any) -> None:
         log.debug("closing a broken connection: %r", e)
 
 
-def _raise_mapped(error: BaseException, where: str) -> NoReturn:
-    """Raise what ``error`` becomes (``store.io.wire.io_failure``); itself if no redis error."""
-    failure = io_failure(error, where)
+def _raise_mapped(error: BaseException, where: str, pool: Any = None) -> NoReturn:
+    """Raise what ``error`` becomes (``store.io.wire.io_failure``; ``connect_failure`` for
+    a connection taken from ``pool``); itself if no redis error."""
+    failure = io_failure(error, where) if pool is None else connect_failure(error, where, pool)
     if failure is error:
         raise error
     raise failure from error

@@ -6,8 +6,10 @@ redis+cluster://[:password@]host:port[,host:port...]
 
 Timeouts and redis-py's own retry are set explicitly (unless the caller passes them), so a
 call never blocks for as long as Redis is down, whatever the redis-py version: redis-py
-before 8 sets no socket timeout at all. The store adds its own bounded, time-limited retry
-on top (``store.Reconnect``).
+before 8 sets no socket timeout at all, and 8 retries a failed connect on its own. Here
+redis-py tries once, with connect and read timeouts of ``timeouts(reconnect)``; the store's
+own retry (``store.Reconnect``) tries again within its bound, so that one setting,
+``Reconnect.give_up_after``, bounds how long any call waits.
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from redis.sentinel import Sentinel
 
 from store.errors import ConfigurationError
 from store.io.wire import cluster_failure
+from store.ops.calls import DEFAULT_RECONNECT, Reconnect
 
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")
-CONNECT_TIMEOUT = 2.0
-SOCKET_TIMEOUT = 5.0  # longer than any store script or read should ever take
-CONNECT_RETRIES = 1  # redis-py's own; the store's Reconnect decides how long to keep trying
+# A third of the default bound each, so that two tries fit in it; still far longer than any
+# store script or read should take (a pass is a fraction of a millisecond).
+CONNECT_TIMEOUT = DEFAULT_RECONNECT.attempt_timeout
+SOCKET_TIMEOUT = DEFAULT_RECONNECT.attempt_timeout
+CONNECT_RETRIES = 0  # redis-py's own: none; the store's Reconnect retries within its bound
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,12 @@ def parse_url(url: str) -> ServerSpec:
             f"{redacted(url)!r}: unsupported scheme {scheme!r}; use redis://, rediss://, "
             "unix://, redis+sentinel:// or redis+cluster://"
         )
+    if scheme in ("redis", "rediss"):
+        named = parts.path.strip("/")
+        if named and not named.isdigit():  # redis-py would use db 0 without a word
+            raise ConfigurationError(
+                f"{redacted(url)!r}: the database must be a number (/0 to /15), not {named!r}"
+            )
     if scheme in ("redis", "rediss", "unix"):
         return ServerSpec(url, scheme, [])
     hosts, username, password = _hosts(parts.netloc, url)
@@ -90,6 +101,12 @@ def _hosts(netloc: str, url: str) -> tuple[list[tuple[str, int]], str | None, st
     return hosts, username, password
 
 
+def timeouts(reconnect: Reconnect | None) -> dict[str, float]:
+    """The connect and read timeouts a client needs for ``reconnect``'s bound to hold."""
+    attempt = (reconnect or DEFAULT_RECONNECT).attempt_timeout
+    return {"socket_connect_timeout": attempt, "socket_timeout": attempt}
+
+
 def _options(kwargs: dict[str, Any], retry_class: type) -> dict[str, Any]:
     if kwargs.get("decode_responses"):
         raise ConfigurationError("the store needs decode_responses=False")
@@ -102,6 +119,12 @@ def _options(kwargs: dict[str, Any], retry_class: type) -> dict[str, Any]:
     return options
 
 
+def _sentinel_options(options: dict[str, Any]) -> dict[str, Any]:
+    """What the Sentinels are asked with: the same timeouts and (no) retry as the master."""
+    names = ("socket_timeout", "socket_connect_timeout", "retry")
+    return {"sentinel_kwargs": {name: options[name] for name in names}}
+
+
 def client_from_url(url: str, **kwargs: Any) -> Any:
     """A redis-py client for ``url``; replies stay bytes, as the store needs."""
     spec = parse_url(url)
@@ -109,9 +132,7 @@ def client_from_url(url: str, **kwargs: Any) -> Any:
     auth: dict[str, Any] = {"username": spec.username, "password": spec.password}
     if spec.scheme == "redis+sentinel":
         sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
-            spec.hosts,
-            socket_timeout=options["socket_timeout"],
-            socket_connect_timeout=options["socket_connect_timeout"],
+            spec.hosts, **_sentinel_options(options)
         )
         return sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
             spec.service, db=spec.db, **auth, **options
@@ -136,9 +157,7 @@ def async_client_from_url(url: str, **kwargs: Any) -> Any:
     auth: dict[str, Any] = {"username": spec.username, "password": spec.password}
     if spec.scheme == "redis+sentinel":
         sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
-            spec.hosts,
-            socket_timeout=options["socket_timeout"],
-            socket_connect_timeout=options["socket_connect_timeout"],
+            spec.hosts, **_sentinel_options(options)
         )
         return sentinel.master_for(spec.service, db=spec.db, **auth, **options)
     if spec.scheme == "redis+cluster":

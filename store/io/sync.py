@@ -21,6 +21,7 @@ from redis.cluster import RedisCluster
 from store.errors import ConfigurationError
 from store.io.pipelines import Pipelines
 from store.io.wire import (
+    connect_failure,
     error_reply,
     group_by_server,
     io_failure,
@@ -96,7 +97,7 @@ class _Endpoint:
         try:
             return self.pool.get_connection()  # redis-py connects here
         except Exception as e:
-            _raise_mapped(e, self.address)
+            _raise_mapped(e, self.address, self.pool)
 
     def give_back(self, conn: Any) -> None:
         # ``_sock``: redis-py before 8 has no ``is_connected`` (8's is ``_sock is not None``).
@@ -126,6 +127,7 @@ class SyncExecutor:
         pipes: _Pipes | None = None  # the connections of writes not collected yet
         value: Any = None
         error: BaseException | None = None
+        started = time.monotonic()  # a call's patience counts from here (Reconnect)
         try:
             while True:
                 try:
@@ -171,6 +173,8 @@ class SyncExecutor:
                     if held is not None:
                         held[0].give_back(held[1])  # closed by _exchange or never used
                         held = None
+                    if e.since is None:
+                        e.since = started
                     error = e
         finally:
             op.close()
@@ -313,9 +317,10 @@ def _read(held: tuple[_Endpoint, Any], send: Send) -> list[Any]:
     return replies[1:] if send.asking else replies
 
 
-def _raise_mapped(error: BaseException, where: str) -> NoReturn:
-    """Raise what ``error`` becomes (``store.io.wire.io_failure``); itself if no redis error."""
-    failure = io_failure(error, where)
+def _raise_mapped(error: BaseException, where: str, pool: Any = None) -> NoReturn:
+    """Raise what ``error`` becomes (``store.io.wire.io_failure``; ``connect_failure`` for
+    a connection taken from ``pool``); itself if no redis error."""
+    failure = io_failure(error, where) if pool is None else connect_failure(error, where, pool)
     if failure is error:
         raise error
     raise failure from error

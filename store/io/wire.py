@@ -9,6 +9,7 @@ read the raw replies: bytes, ints and lists, with error replies turned into valu
 from __future__ import annotations
 
 import re
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -135,6 +136,35 @@ def cluster_failure(error: BaseException, where: str) -> StoreError:
     return StoreConnectionError(f"Redis Cluster unreachable at {where}: {reason}")
 
 
+TLS_HINT = "TLS handshake failed: is the server configured for TLS?"
+
+
+def _tls_failure(error: BaseException) -> BaseException | None:
+    """The TLS handshake's failure behind ``error``, if that is what it is: an SSL error
+    other than a certificate the client refused (a TLS server), or a handshake that timed
+    out (a plain server waits for a command and never answers a ClientHello)."""
+    seen: BaseException | None = error
+    for _ in range(4):  # redis-py wraps the socket's error once or twice
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLError) and not isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        if isinstance(seen, (TimeoutError, OSError)) and "handshake" in str(seen):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def connect_failure(error: BaseException, where: str, pool: Any) -> BaseException:
+    """What a failure to take a connection from ``pool`` becomes (``io_failure``). A TLS
+    connection that timed out asks about TLS: a plain server never answers a handshake
+    (redis.asyncio's timeout does not say it was the handshake's)."""
+    tls = "SSL" in getattr(getattr(pool, "connection_class", None), "__name__", "")
+    if tls and isinstance(error, redis.TimeoutError) and _tls_failure(error) is None:
+        return Disconnected(f"{where}: {TLS_HINT} ({type(error).__name__}: {error})", node=where)
+    return io_failure(error, where)
+
+
 def io_failure(error: BaseException, where: str) -> BaseException:
     """What a redis-py exception met while sending or reading becomes.
 
@@ -159,6 +189,12 @@ def io_failure(error: BaseException, where: str) -> BaseException:
         # redis-py 8.2 puts the Sentinel client's repr (a thousand characters) in the text.
         said = str(error).split(" : <", 1)[0]
         return Disconnected(f"{where}: MasterNotFoundError: {said}", node=where)
+    tls = _tls_failure(error)
+    if tls is not None:
+        said = f"{where}: {TLS_HINT} ({type(error).__name__}: {error})"
+        if isinstance(tls, ssl.SSLError):  # the server answered, and not in TLS
+            return ConfigurationError(said)
+        return Disconnected(said, node=where)  # no answer: plain Redis, or a silent one
     if isinstance(error, rex.MaxConnectionsError):  # a pool shared with others: wait
         return Disconnected(f"{where}: no free connection in the pool: {error}", node=where)
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):

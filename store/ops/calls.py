@@ -31,20 +31,34 @@ from store.ops.effects import (
 Where = Mapping[str, "str | None"]
 
 
+MIN_ATTEMPT_TIMEOUT = 0.5
+
+
 @dataclass(frozen=True)
 class Reconnect:
     """How long a call keeps trying to reach a server that fails or is in transition.
 
-    Pauses grow from ``first_pause`` by doubling up to ``max_pause``; the call gives up
-    (``StoreConnectionError``) once ``give_up_after`` seconds have passed since its first
-    failure, however long each try took (redis-py may retry a connect itself). The default
-    rides through a Sentinel or Cluster failover of a few seconds.
+    ``give_up_after`` bounds the whole call: from its start, through every connect, read,
+    pause and try, a call that meets an unreachable or silent server ends with
+    ``StoreConnectionError`` within that many seconds. It does not start a try that could
+    not end in time (it counts a try as long as the longest it has seen fail), so the
+    bound holds as long as each try is itself bounded: ``from_url`` sets the client's
+    connect and read timeouts to a third of it (``attempt_timeout``). Pauses grow from
+    ``first_pause`` by doubling up to ``max_pause``. The default rides through a Sentinel or
+    Cluster failover of a few seconds.
     """
 
     first_pause: float = 0.05
     max_pause: float = 1.0
-    give_up_after: float = 5.0
+    give_up_after: float = 6.0
     max_redirects: int = 16
+
+    @property
+    def attempt_timeout(self) -> float:
+        """The connect and read timeouts ``from_url`` gives a client: two tries fit in the
+        bound; never under half a second, so that a short bound (a test's, say) does not cut
+        off a reply that is merely slow (the bound then holds from half a second up)."""
+        return max(MIN_ATTEMPT_TIMEOUT, self.give_up_after / 3)
 
     def patience(self) -> Patience:
         """A fresh count of one call's pauses between its failed tries."""
@@ -58,9 +72,16 @@ class Patience:
         self.policy = policy
         self._first_failure: float | None = None
         self._pause = policy.first_pause
+        self._origin: float | None = None  # when the call began, at the first failed try
+        self._resumed = 0.0  # when the try failing now began (after the last pause)
+        self._longest = 0.0
+        self.tries = 0
+        self.waited = 0.0
 
     def next_pause(self) -> float | None:
-        """Seconds to wait before the next try, or None: give up."""
+        """Seconds to wait before asking again, or None: give up (``give_up_after`` seconds
+        after the first time it was asked). For waits on a server that answers (a refusal
+        to retry, a busy claim); a failed try is ``after_failure``'s."""
         now = time.monotonic()
         if self._first_failure is None:
             self._first_failure = now
@@ -70,6 +91,39 @@ class Patience:
         pause = min(self._pause, left)
         self._pause = min(self.policy.max_pause, self._pause * 2)
         return pause
+
+    def after_failure(self, failure: Disconnected) -> float | None:
+        """Seconds to wait before trying again after ``failure``, or None: give up, since
+        another try could not end within ``give_up_after`` of the call's start (the
+        executor's ``failure.since``; the first failure, from an executor that does not
+        say). ``tries`` and ``waited`` say what was done, for the error."""
+        now = time.monotonic()
+        self.tries += 1
+        if self._origin is None:
+            since = failure.since
+            self._origin = since if since is not None and since <= now else now
+            self._resumed = self._origin
+        self._longest = max(self._longest, now - self._resumed)
+        self.waited = now - self._origin
+        left = self.policy.give_up_after - self.waited - self._longest
+        if left <= 0:
+            return None
+        pause = min(self._pause, left)
+        self._pause = min(self.policy.max_pause, self._pause * 2)
+        self._resumed = now + pause
+        return pause
+
+    def gave_up(self, failure: Disconnected, **where: str | None) -> StoreConnectionError:
+        """The error for a call that gave up: how long it waited, how often it tried, and
+        what the last try met."""
+        tries = f"{self.tries} tr{'y' if self.tries == 1 else 'ies'}"
+        error = StoreConnectionError(
+            f"Redis unreachable: gave up after {self.waited:.1f} s and {tries} (bound "
+            f"{self.policy.give_up_after:g} s); last: {failure}",
+            **where,
+        )
+        error.waited, error.tries = self.waited, self.tries
+        return error
 
 
 DEFAULT_RECONNECT = Reconnect()
@@ -127,11 +181,9 @@ def send(
             replies: list[Any] = yield Send(key, commands, node, asking)
         except Disconnected as e:
             patience = patience or reconnect.patience()
-            pause = patience.next_pause()
+            pause = patience.after_failure(e)
             if pause is None:
-                raise StoreConnectionError(
-                    f"Redis unreachable for {reconnect.give_up_after:g} s: {e}", **where
-                ) from (e.__cause__ or e)
+                raise patience.gave_up(e, **where) from (e.__cause__ or e)
             yield Sleep(pause)
             yield RefreshSlots()  # a cluster node that died may have a promoted replica
             node, asking = None, False

@@ -137,3 +137,6 @@ class Disconnected(Exception):
     def __init__(self, message: str, *, node: str | None = None) -> None:
         super().__init__(message)
         self.node = node
+        # When the call that met it began (``time.monotonic()``), set by the executor as it
+        # throws it in: a call's patience counts from there (``Reconnect``).
+        self.since: float | None = None

@@ -35,10 +35,13 @@ def zset_page(core: Core, key: str, cursor: int, count: int) -> Op[tuple[int, li
 
 
 def key_page(
-    core: Core, node: Node, cursor: int, match: str, count: int
+    core: Core, node: Node, cursor: int, match: str, count: int, kind: str | None = None
 ) -> Op[tuple[int, list[bytes]]]:
-    """One SCAN page of the keys matching ``match`` on one server: (next cursor, keys)."""
+    """One SCAN page of the keys matching ``match`` (of Redis type ``kind``, if given) on
+    one server: (next cursor, keys)."""
     command: Command = ("SCAN", cursor, "MATCH", match, "COUNT", count)
+    if kind is not None:
+        command += ("TYPE", kind)
     ((cursor_raw, keys),) = yield from send_to_node(core, node, [command], {"key": match})
     return int(cursor_raw), list(keys)
 
@@ -105,20 +108,17 @@ def send_to_node(
         try:
             replies: list[Any] = yield Send("", commands, node)
         except Disconnected as e:
-            message = f"Redis unreachable for {core.reconnect.give_up_after:g} s: {e}"
-            error: Exception = StoreConnectionError(message, **where)
-            cause: BaseException | None = e.__cause__ or e
-        else:
-            transient = next(
-                (r for r in replies if isinstance(r, ErrorReply) and r.transient), None
-            )
-            if transient is None:
-                if not refused:
-                    raise_error_replies(replies, where)
-                return replies
-            error = StoreConnectionError(f"Redis kept refusing: {transient.message}", **where)
-            cause = None
+            pause = patience.after_failure(e)
+            if pause is None:
+                raise patience.gave_up(e, **where) from (e.__cause__ or e)
+            yield Sleep(pause)
+            continue
+        transient = next((r for r in replies if isinstance(r, ErrorReply) and r.transient), None)
+        if transient is None:
+            if not refused:
+                raise_error_replies(replies, where)
+            return replies
         pause = patience.next_pause()
         if pause is None:
-            raise error from cause
+            raise StoreConnectionError(f"Redis kept refusing: {transient.message}", **where)
         yield Sleep(pause)

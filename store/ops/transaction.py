@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from store.backoff import RetryPolicy
-from store.errors import StoreConnectionError, TransactionConflictError
+from store.errors import TransactionConflictError
 from store.ops.calls import DEFAULT_RECONNECT, Reconnect, Where, raise_error_replies
 from store.ops.effects import (
     Command,
@@ -115,11 +115,9 @@ def optimistic(
             replies = yield Commit([("MULTI",), *plan.writes, ("EXEC",)])
         except Disconnected as e:
             # The outcome of an EXEC in flight is unknown; the next try reads again.
-            pause = patience.next_pause()
+            pause = patience.after_failure(e)
             if pause is None:
-                raise StoreConnectionError(f"Redis unreachable: {e}", **where) from (
-                    e.__cause__ or e
-                )
+                raise patience.gave_up(e, **where) from (e.__cause__ or e)
             yield Sleep(pause)
             yield RefreshSlots()
             continue

@@ -6,22 +6,29 @@ import argparse
 import sys
 from typing import Any
 
-from store.cli.main import add_common_options
+from store.cli.main import add_command, add_common_options
 from store.cli.simulate.harness import SimulationConfig, default_namespace, simulate, summary_lines
 from store.cli.simulate.reference import SimulationError
 from store.io.connect import redacted
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "simulate",
-        help="run conductor replica processes over one Redis, kill some, check the final states",
-        description="Run N conductor replica processes over one shared Redis, drive M requests "
-        "through an LLM -> codec model (TP 2) and a single-partition model, deliver worker "
-        "reports at random with duplicates, SIGKILL K replicas (or drain D of them) at random "
-        "instants and restart them under new ids; then compare every request's final state "
-        "with a crash-free reference run of the same seed. Exits 1 if any request differs, "
-        "applied a step or report twice, or did not finish.",
+        summary="run conductor replica processes over one Redis, kill some, check the final states",
+        description="""Run N conductor replica processes over one shared Redis, drive M
+        requests through an LLM -> codec model (TP 2) and a single-partition model, deliver
+        worker reports at random with duplicates, SIGKILL K replicas (or drain D of them) at
+        random instants and restart them under new ids; then compare every request's final
+        state with a crash-free reference run of the same seed. Exits 1 if any request
+        differs, applied a step or report twice, or did not finish. Without --redis-url it
+        runs on an embedded fakeredis server; it writes a fresh namespace and deletes it.""",
+        examples=[
+            "mstar-store simulate  # 3 replicas, 6 requests, 1 SIGKILL, on the embedded fakeredis",
+            "mstar-store simulate --replicas 4 --requests 50 --kill 3 --drain 1 --seed 7"
+            " --redis-url redis://127.0.0.1:6379/0  # on a real Redis, one of the stops a drain",
+        ],
     )
     parser.add_argument(
         "--replicas", type=_count(1), default=3, metavar="N", help="replica processes (default 3)"

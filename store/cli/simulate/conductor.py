@@ -158,7 +158,10 @@ def serve(config: ProcessConfig) -> None:
     planner.on_finished = finished
 
     timed: Any = TimedStore(store, carrier.stats, handed)
-    replica = Replica(timed, planner=planner, replica_id=config.replica_id, timing=carrier.timing)
+    replica = Replica(
+        timed, planner=planner, replica_id=config.replica_id, timing=carrier.timing,
+        allow_eviction=True,  # throwaway data; `simulate` warned of an evicting server
+    )  # fmt: skip
     stop, drained = threading.Event(), threading.Event()
 
     def drain() -> None:
@@ -242,8 +245,9 @@ async def serve_async(config: ProcessConfig) -> None:
     planner = AsyncSimPlanner(carrier.planner, sink=sink, on_finished=finished)
     timed: Any = TimedStore(store, carrier.stats, handed)
     replica = AsyncReplica(
-        timed, planner=planner, replica_id=config.replica_id, timing=carrier.timing
-    )
+        timed, planner=planner, replica_id=config.replica_id, timing=carrier.timing,
+        allow_eviction=True,  # as in serve
+    )  # fmt: skip
     stop = asyncio.Event()
     drained: list[asyncio.Task[int]] = []
 
@@ -299,6 +303,9 @@ async def serve_async(config: ProcessConfig) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     config = ProcessConfig(**json.loads(args[0]))
+    # A Ctrl-C at the terminal reaches the whole process group: the replicas leave it to
+    # `simulate`, which stops them (SIGTERM) on its way out, instead of dying mid-step.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The runtime logs outages and failed duties as warnings: the fleet keeps them in the
     # replica's log, shown if the process fails.
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")

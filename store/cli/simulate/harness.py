@@ -20,10 +20,10 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from store.cli import main as cli
+from store.cli.progress import Progress
 from store.cli.simulate import model
 from store.cli.simulate.fleet import Delivery, Fleet, FleetCounters
 from store.cli.simulate.measure import TIMED_OPERATIONS, ReplicaStats
-from store.cli.simulate.progress import Progress
 from store.cli.simulate.reference import differences, fakeredis_with_lua, reference_run
 from store.cli.simulate.takeovers import DRAIN, KILL
 from store.cli.simulate.transport import UNREACHABLE
@@ -329,6 +329,7 @@ def _redis(url: str | None, out: TextIO) -> Iterator[tuple[str, Any]]:
             client.ping()
         except (redis.RedisError, RedisClusterException) as e:
             raise cli.as_store_error(e, url) from e
+        cli.warn_if_evicting(RequestStore(client, reconnect=cli.CLI_RECONNECT))
         try:
             yield url, client
         finally:
