@@ -55,6 +55,7 @@ def register_value_kind(cls: type, name: str) -> type:
 
 _encoder = msgspec.msgpack.Encoder()
 _plain_by_class: dict[type, frozenset[str] | None] = {}
+_UNSEEN = frozenset(["<unseen>"])
 
 
 def _plain_fields(cls: type) -> frozenset[str] | None:
@@ -82,17 +83,28 @@ def tag(value: Any) -> Any:
 
 
 def _needs_tags(value: Any, depth: int) -> bool:
+    # Loops rather than any() over generators, and scalars tested inline: this runs on every
+    # plain value the store writes (a pass's metadata, a KV sequence's transfer info).
     kind = type(value)
     if kind in _SCALARS or depth > MAX_DEPTH:  # too deep: the depth check refuses it
         return False
     if kind is dict:
-        return any(_needs_tags(k, depth + 1) or _needs_tags(v, depth + 1) for k, v in value.items())
-    if kind is list:
-        return any(_needs_tags(v, depth + 1) for v in value)
-    if kind is tuple or kind in _names:
+        values: Any = value.values()
+    elif kind is list:
+        values = value
+    elif kind is tuple or kind in _names:
         return True
-    plain = _plain_fields(kind)
-    return plain is not None and any(_needs_tags(getattr(value, n), depth + 1) for n in plain)
+    else:
+        plain = _plain_by_class.get(kind, _UNSEEN)
+        if plain is _UNSEEN:
+            plain = _plain_fields(kind)
+        if not plain:
+            return False
+        values = [getattr(value, n) for n in plain]
+    for item in values:  # noqa: SIM110  (see above: any() over a generator costs more)
+        if type(item) not in _SCALARS and _needs_tags(item, depth + 1):
+            return True
+    return False
 
 
 def _tagged(value: Any) -> Any:
