@@ -387,7 +387,12 @@ class Codec:
         # A private field travels under its public name (SamplingReqConfig's ``_seed`` as
         # ``seed``, as records held it before the engine made it private).
         public = {n: n[1:] for n in names if n.startswith("_") and n[1:] not in names}
-        if not (domains or public) and all(self._inner(hints[n]).to_wire is None for n in names):
+        # An int in a float field (the engine's ``top_p: float = 1``) is written as the float
+        # it reads back as: what is written once reads back and is written again the same.
+        floats = frozenset(n for n in names if hints[n] is float)
+        if not (domains or public or floats) and all(
+            self._inner(hints[n]).to_wire is None for n in names
+        ):
             return _Plan(cls)
         plans = {name: self._plan(hints[name]) for name in names}
         wire = msgspec.defstruct(
@@ -398,7 +403,9 @@ class Codec:
             ],
             rename=public or None,
         )
-        converters = [(n, public.get(n, n), plans[n].to_wire) for n in names]
+        converters = [
+            (n, public.get(n, n), _as_float if n in floats else plans[n].to_wire) for n in names
+        ]
         back = [(n, p.from_wire) for n, p in plans.items() if p.from_wire is not None]
         unset, asdict = msgspec.UNSET, msgspec.structs.asdict
         checks = [
@@ -428,3 +435,7 @@ class Codec:
                 raise msgspec.ValidationError(f"{cls.__name__}: {e}") from e
 
         return _Plan(wire, to_wire, from_wire)
+
+
+def _as_float(value: Any) -> Any:
+    return float(value) if type(value) is int else value
