@@ -20,7 +20,8 @@ from store.observe import Instruments
 from store.ops import fields, lifecycle, merges, reads, reports, server
 from store.ops import leases as lease_ops
 from store.ops.calls import Reconnect
-from store.ops.core import DEFAULT_TOPOLOGY_CACHE_SIZE, Core
+from store.ops.core import Core
+from store.ops.settings import DEFAULT_TOPOLOGY_CACHE_SIZE
 from store.store import StoreSettings, settings_from, split_options
 
 

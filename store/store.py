@@ -44,7 +44,8 @@ from store.observe import Instruments
 from store.ops import fields, lifecycle, merges, reads, reports, server
 from store.ops import leases as lease_ops
 from store.ops.calls import DEFAULT_RECONNECT, Reconnect
-from store.ops.core import DEFAULT_TOPOLOGY_CACHE_SIZE, SETTING_NAMES, Core, Settings, StoreStats
+from store.ops.core import Core
+from store.ops.settings import DEFAULT_TOPOLOGY_CACHE_SIZE, SETTING_NAMES, Settings, StoreStats
 
 
 class StoreSettings(Facade):
