@@ -12,6 +12,7 @@ from typing import Any
 
 from store.backoff import RetryPolicy
 from store.codec import Codec
+from store.durability import Durability, durability_of
 from store.facade import async_method
 from store.io.aio import AsyncExecutor
 from store.io.connect import aclose_client, async_client_from_url
@@ -30,6 +31,7 @@ class AsyncRequestStore(StoreSettings):
 
     ``client`` is a ``redis.asyncio.Redis`` (or its Sentinel master, or a
     ``redis.asyncio.cluster.RedisCluster``) with bytes replies. ``async with`` closes it.
+    ``durability``, ``replicas`` and ``wait_ms``: as for ``RequestStore``.
     """
 
     def __init__(
@@ -45,8 +47,13 @@ class AsyncRequestStore(StoreSettings):
         reconnect: Reconnect | None = None,
         history_cap: int = 1000,
         instruments: Instruments | None = None,
+        durability: str | Durability = "master",
+        replicas: int | None = None,
+        wait_ms: int | None = None,
     ) -> None:
         self._executor = AsyncExecutor(client)
+        wanted = durability_of(durability, replicas, wait_ms)
+        wanted.check_client(client)
         self._core = Core(
             settings_from(
                 namespace,
@@ -58,6 +65,7 @@ class AsyncRequestStore(StoreSettings):
                 reconnect,
                 history_cap,
                 instruments,
+                wanted,
             )
         )
         self.client = client
@@ -66,7 +74,7 @@ class AsyncRequestStore(StoreSettings):
     @classmethod
     def from_url(cls, url: str, *, namespace: str = "mstar", **options: Any) -> AsyncRequestStore:
         """A store on the Redis at ``url`` (the URL forms of ``RequestStore.from_url``)."""
-        store_options = split_options(options)
+        url, store_options = split_options(url, options)
         client = async_client_from_url(url, **options)
         store = cls(client, namespace=namespace, **store_options)
         store._core.open_check_pending = True  # see RequestStore.from_url

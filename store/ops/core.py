@@ -118,6 +118,8 @@ class Core:
         self.lease_ttl = settings.lease_ttl
         self.dedupe_window = settings.dedupe_window
         self.reconnect = settings.reconnect
+        self.durability = settings.durability
+        self.wait = settings.durability.wait_command()  # after each write script, or None
         self.history_cap = str(settings.history_cap)
         self.instruments = settings.instruments or Instruments(settings.namespace)
         self.stats = StoreStats()
@@ -208,8 +210,9 @@ class Core:
         where: Where,
         reads: Sequence[Command] = (),
         alongside: Sequence[ScriptCall] = (),
+        wait: Command | None = None,
     ) -> Op[list[Any]]:
-        return script(self.scripts, name, keys, args, where, reads, self.reconnect, alongside)
+        return script(self.scripts, name, keys, args, where, reads, self.reconnect, alongside, wait)
 
     # -- scripts --------------------------------------------------------------------------
 
@@ -226,7 +229,8 @@ class Core:
         alongside: Sequence[ScriptCall] = (),
         upgraded: bool = False,
     ) -> Op[Any]:
-        """Run a script; turn its NOKEY, SCHEMA, FENCED and RANGE statuses into typed errors.
+        """Run a write script; turn its NOKEY, SCHEMA, FENCED and RANGE statuses into typed
+        errors, then (replicated durability) a short ``WAIT`` into ``ReplicationTimeoutError``.
 
         A record older than the code (SCHEMA) is upgraded in Redis with the other records
         among ``keys``, and the script runs once more. With ``reads``, returns the script's
@@ -234,7 +238,8 @@ class Core:
         with the first try (see ``store.ops.calls.script``).
         """
         where = {"request_id": rid, "key": keys[0]}
-        replies = yield from self.script(name, keys, args, where, reads, alongside)
+        replies = yield from self.script(name, keys, args, where, reads, alongside, self.wait)
+        waited = replies.pop() if self.wait is not None else None
         reply = replies[0]
         status = reply[0]
         if status == b"NOKEY":
@@ -274,6 +279,8 @@ class Core:
             raise CorruptRecordError(  # a current version reported as outdated
                 f"script {name!r} refused schema version {reply[2]!r}", request_id=rid
             )
+        if self.wait is not None:  # after the refusals above, which wrote nothing
+            self.durability.check(waited, **where)
         return [list(reply), *replies[1:]] if reads else list(reply)
 
     def raise_not_found(

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from store.backoff import RetryPolicy
 from store.codec import Codec
+from store.durability import MASTER, Durability
 from store.errors import ConfigurationError
 from store.observe import Instruments
 from store.ops.calls import DEFAULT_RECONNECT, Reconnect
@@ -49,6 +50,7 @@ class Settings:
     reconnect: Reconnect = DEFAULT_RECONNECT
     history_cap: int = 1000  # entries kept per request's history stream; 0 turns it off
     instruments: Instruments | None = None  # default: OpenTelemetry's global providers
+    durability: Durability = MASTER  # what a write waits for (store/durability.py)
 
     def __post_init__(self) -> None:
         if self.dedupe_window <= 0 or self.lease_ttl <= 0:
@@ -68,4 +70,5 @@ SETTING_NAMES = (
     "reconnect",
     "history_cap",
     "instruments",
+    "durability",
 )
