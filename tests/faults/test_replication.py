@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from store import AsyncRequestStore, ReplicationTimeoutError, RequestStore
+from store.cli import main as cli
 from store.types import CurrentForwardConductorMetadata, PartitionState
 from tests.conftest import require_binaries
 from tests.relay import ReplicationRelay
@@ -191,3 +192,17 @@ async def test_async_store_waits_too(tmp_redis: RedisServer) -> None:
     assert time.monotonic() - started >= WAIT_MS / 1000
     assert (await store.load_partition(RID, "llm")).fwd_pass_number == 0
     await store.aclose()
+
+
+def test_cli_demo_waits_for_the_replica(pair: Pair, capsys: pytest.CaptureFixture[str]) -> None:
+    url = pair.master.url
+    assert cli.main(["demo", "--redis-url", url, "--durability", "replicated"]) == 0
+    assert "summary" in capsys.readouterr().out
+    pair.relay.hold()  # the same through the URL's query, with the replica lagging
+    code = cli.main(["demo", "--redis-url", f"{url}?durability=replicated&wait_ms=100"])
+    assert code == 1
+    assert "applied on the master, but 0 of the 1 replicas" in capsys.readouterr().err
+    assert cli.main(["ls", "--redis-url", f"{url}?durability=replicated", "--namespace",
+                     "mstar-demo"]) == 0  # fmt: skip
+    assert cli.main(["demo", "--redis-url", url, "--wait-ms", "100"]) == 1
+    assert "need durability='replicated'" in capsys.readouterr().err
