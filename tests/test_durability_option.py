@@ -20,7 +20,9 @@ from store import (
     ConfigurationError,
     FencedError,
     ReplicationTimeoutError,
+    RequestExistsError,
     RequestStore,
+    StalePassError,
     StoreError,
 )
 from store.durability import Durability, durability_of, split_url
@@ -182,6 +184,12 @@ def test_a_refused_write_says_so_not_that_it_was_applied(fake_client: Any, names
     answered(store, 0)
     with pytest.raises(FencedError):  # wrote nothing: the refusal, not a replication timeout
         store.update_partition("r", "llm", random_seed=3)
+    with pytest.raises(StalePassError):  # a status the caller turns into its error
+        store.record_worker_report("r", "llm", fwd_pass=7, worker_graph_id="wg", rank=0,
+                                   num_ranks=1)  # fmt: skip
+    with pytest.raises(RequestExistsError):
+        create_small_request(store, "r")
+    assert store.claim_step("r", "llm", "replica-b") is None  # HELD: nothing written
 
 
 def test_a_refused_wait_is_a_store_error(fake_client: Any, namespace: str) -> None:

@@ -76,6 +76,13 @@ SCRIPT_NAMES = (
     "replicas",
 )
 VERSION = str(SCHEMA_VERSION).encode()
+# Script statuses that refuse and write nothing (the caller raises or retries on them): a
+# replicated store does not check their WAIT, so a lagging replica does not turn a refusal
+# into a ReplicationTimeoutError that says "applied". A DUP is checked: it confirms (on its
+# connection) the first application. Core.run raises NOKEY, FENCED, RANGE, SCHEMA first.
+WROTE_NOTHING = frozenset(
+    {b"STALE", b"NOWG", b"EXISTS", b"SHAPE", b"BUSY", b"KIND", b"NOTDUE", b"HELD", b"DONE"}
+)
 log = logging.getLogger(__name__)
 
 
@@ -279,7 +286,7 @@ class Core:
             raise CorruptRecordError(  # a current version reported as outdated
                 f"script {name!r} refused schema version {reply[2]!r}", request_id=rid
             )
-        if self.wait is not None:  # after the refusals above, which wrote nothing
+        if self.wait is not None and status not in WROTE_NOTHING:
             self.durability.check(waited, **where)
         return [list(reply), *replies[1:]] if reads else list(reply)
 

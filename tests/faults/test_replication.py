@@ -27,7 +27,14 @@ from pathlib import Path
 
 import pytest
 
-from store import AsyncRequestStore, ReplicationTimeoutError, RequestStore
+from store import (
+    AsyncRequestStore,
+    ReplicationTimeoutError,
+    Report,
+    ReportOutcome,
+    RequestStore,
+    StalePassError,
+)
 from store.cli import main as cli
 from store.types import CurrentForwardConductorMetadata, PartitionState
 from tests.conftest import require_binaries
@@ -206,3 +213,31 @@ def test_cli_demo_waits_for_the_replica(pair: Pair, capsys: pytest.CaptureFixtur
                      "mstar-demo"]) == 0  # fmt: skip
     assert cli.main(["demo", "--redis-url", url, "--wait-ms", "100"]) == 1
     assert "need durability='replicated'" in capsys.readouterr().err
+
+
+def test_a_pipelined_batch_waits_per_write(pair: Pair) -> None:
+    store = RequestStore(
+        pair.master.client(), namespace="dur", durability="replicated", wait_ms=WAIT_MS
+    )
+    state = PartitionState("llm", MD, current_worker_graph_ids={"wg"})
+    rids = [f"b{i}" for i in range(3)]
+    for rid in rids:
+        store.create_request(rid, partitions={"llm": state}, connections={}, max_output_tokens=8)
+
+    def reports(rank: int, p: int = 0) -> list[Report]:
+        return [Report(request_id=rid, partition="llm", fwd_pass=p, worker_graph_id="wg",
+                       rank=rank, num_ranks=2) for rid in rids]  # fmt: skip
+
+    results = store.record_worker_reports(reports(0))
+    assert all(isinstance(r, ReportOutcome) and r.applied for r in results), results
+    pair.relay.hold()
+    results = store.record_worker_reports(reports(1))
+    assert all(isinstance(r, ReplicationTimeoutError) for r in results), results
+    # A refusal wrote nothing: it says so, lagging replica or not.
+    results = store.record_worker_reports(reports(0, p=5))
+    assert all(isinstance(r, StalePassError) for r in results), results
+    pair.relay.release()
+    results = store.record_worker_reports(reports(1))  # resent: applied once, now replicated
+    assert all(isinstance(r, ReportOutcome) and not r.applied for r in results), results
+    assert all(r.pass_complete for r in results if isinstance(r, ReportOutcome))
+    store.close()
