@@ -171,6 +171,8 @@ def test_too_few_replicas_raise_after_the_write_applied(fake_client: Any, namesp
     with pytest.raises(ReplicationTimeoutError):  # the optimistic path says so too
         store.merge_publish_info("r", "llm", {"sum": SumInfo(2)}, op_id="m1", returning=False)
     assert plain.load_partition("r", "llm").resource_publish_info["sum"] == SumInfo(2)
+    with pytest.raises(ReplicationTimeoutError):  # a resend finds it applied: waits again
+        store.merge_publish_info("r", "llm", {"sum": SumInfo(2)}, op_id="m1", returning=False)
     answered(store, 1)  # the replica caught up: the retry is applied once and succeeds
     store.merge_publish_info("r", "llm", {"sum": SumInfo(2)}, op_id="m1", returning=False)
     assert plain.load_partition("r", "llm").resource_publish_info["sum"] == SumInfo(2)

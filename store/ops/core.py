@@ -237,7 +237,7 @@ class Core:
         upgraded: bool = False,
     ) -> Op[Any]:
         """Run a write script; turn its NOKEY, SCHEMA, FENCED and RANGE statuses into typed
-        errors, then (replicated durability) a short ``WAIT`` into ``ReplicationTimeoutError``.
+        errors, then (replicated durability) too few replicas into ``ReplicationTimeoutError``.
 
         A record older than the code (SCHEMA) is upgraded in Redis with the other records
         among ``keys``, and the script runs once more. With ``reads``, returns the script's

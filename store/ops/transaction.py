@@ -115,7 +115,11 @@ def optimistic(
                     raise TransactionConflictError(conflicts + 1, **where)
                 continue
             if not plan.writes:
-                yield Unwatch()
+                if wait is None:
+                    yield Unwatch()
+                else:  # a commit of an earlier try (its reply lost): wait for it as well
+                    (_, waited) = yield Commit([("UNWATCH",), wait])
+                    durability.check(waited, **where)
                 return Outcome(plan.result, tries)
             commands = [("MULTI",), *plan.writes, ("EXEC",)]
             replies = yield Commit([*commands, wait] if wait is not None else commands)

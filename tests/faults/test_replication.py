@@ -29,6 +29,7 @@ import pytest
 
 from store import (
     AsyncRequestStore,
+    Codec,
     ReplicationTimeoutError,
     Report,
     ReportOutcome,
@@ -40,6 +41,7 @@ from store.types import CurrentForwardConductorMetadata, PartitionState
 from tests.conftest import require_binaries
 from tests.relay import ReplicationRelay
 from tests.servers import RedisServer
+from tests.strategies import SumInfo, user_registry
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -240,4 +242,22 @@ def test_a_pipelined_batch_waits_per_write(pair: Pair) -> None:
     results = store.record_worker_reports(reports(1))  # resent: applied once, now replicated
     assert all(isinstance(r, ReportOutcome) and not r.applied for r in results), results
     assert all(r.pass_complete for r in results if isinstance(r, ReportOutcome))
+    store.close()
+
+
+def test_an_optimistic_merge_waits_after_its_exec(pair: Pair) -> None:
+    store = RequestStore(
+        pair.master.client(), namespace="dur", codec=Codec(user_registry()),
+        durability="replicated", wait_ms=WAIT_MS,
+    )  # fmt: skip
+    state = PartitionState("llm", MD, resource_publish_info={"sum": SumInfo(0)})
+    store.create_request("m", partitions={"llm": state}, connections={}, max_output_tokens=8)
+    store.merge_publish_info("m", "llm", {"sum": SumInfo(1)}, op_id="m1", returning=False)
+    pair.relay.hold()
+    for _ in range(2):  # the first commits; the resend finds it committed, and waits too
+        with pytest.raises(ReplicationTimeoutError):
+            store.merge_publish_info("m", "llm", {"sum": SumInfo(1)}, op_id="m2", returning=False)
+    pair.relay.release()
+    store.merge_publish_info("m", "llm", {"sum": SumInfo(1)}, op_id="m2", returning=False)
+    assert store.load_partition("m", "llm").resource_publish_info["sum"] == SumInfo(2)
     store.close()
