@@ -14,7 +14,7 @@ request is read from it.
   ``ReplicationTimeoutError`` (applied on the master, not acknowledged), so nothing
   acknowledged is lost; with the stream held for a moment and released, the writes wait
   and succeed, and every one of them is on the replica after the master is killed right
-  after the last.
+  after the last (sync and async stores).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,6 +42,7 @@ from store.types import CurrentForwardConductorMetadata, PartitionState
 from tests.conftest import require_binaries
 from tests.relay import ReplicationRelay
 from tests.servers import RedisServer
+from tests.stores import Stores
 from tests.strategies import SumInfo, user_registry
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow, pytest.mark.timeout(120)]
@@ -104,7 +106,7 @@ def create(store: RequestStore) -> None:
     store.create_request(RID, partitions={"llm": state}, connections={}, max_output_tokens=64)
 
 
-def step(store: RequestStore, p: int) -> None:
+def step(store: Any, p: int) -> None:
     """Complete pass ``p`` and advance to ``p + 1``; both resendable (report id, op id)."""
     store.record_worker_report(RID, "llm", fwd_pass=p, worker_graph_id="wg", rank=0, num_ranks=1)
     store.advance_partition(
@@ -112,7 +114,7 @@ def step(store: RequestStore, p: int) -> None:
     )
 
 
-def run_steps(store: RequestStore, tries: int, acked: int) -> tuple[int, int]:
+def run_steps(store: Any, tries: int, acked: int) -> tuple[int, int]:
     """Try ``tries`` steps from pass ``acked``; a step that raised is tried again, as a
     conductor would. Returns the passes acknowledged and the replication timeouts met."""
     timeouts = 0
@@ -153,8 +155,10 @@ def test_without_replicated_durability_acknowledged_steps_are_lost(pair: Pair) -
     assert held == 3  # exactly those acknowledged while the stream was held
 
 
-def test_with_replicated_durability_no_acknowledged_step_is_lost(pair: Pair) -> None:
-    store = RequestStore(
+def test_with_replicated_durability_no_acknowledged_step_is_lost(
+    pair: Pair, make_store: Stores
+) -> None:
+    store = make_store(
         pair.master.client(), namespace="dur", durability="replicated", replicas=1,
         wait_ms=WAIT_MS,
     )  # fmt: skip
@@ -166,10 +170,9 @@ def test_with_replicated_durability_no_acknowledged_step_is_lost(pair: Pair) -> 
     took = time.monotonic() - started
     assert (acked, timeouts) == (3, 3)  # each write applied on the master, none acknowledged
     assert took >= 3 * WAIT_MS / 1000
-    store.close()
     # The stream held a moment longer, then released: writes that may wait long enough
     # wait for the replica, and succeed.
-    patient = RequestStore(
+    patient = make_store(
         pair.master.client(), namespace="dur", durability="replicated", replicas=1,
         wait_ms=3000,
     )  # fmt: skip
@@ -181,7 +184,6 @@ def test_with_replicated_durability_no_acknowledged_step_is_lost(pair: Pair) -> 
     assert (acked, timeouts) == (3 + STEPS, 0)
     assert time.monotonic() - started >= 0.25  # the first write waited for the release
     pair.relay.hold()  # the master dies right after the last acknowledgement
-    patient.close()
     held = on_promoted(pair)
     print(f"\nreplicated durability: {acked} steps acknowledged, {held} on the promoted "
           f"replica, {max(0, acked - held)} lost")  # fmt: skip
@@ -245,8 +247,8 @@ def test_a_pipelined_batch_waits_per_write(pair: Pair) -> None:
     store.close()
 
 
-def test_an_optimistic_merge_waits_after_its_exec(pair: Pair) -> None:
-    store = RequestStore(
+def test_an_optimistic_merge_waits_after_its_exec(pair: Pair, make_store: Stores) -> None:
+    store = make_store(
         pair.master.client(), namespace="dur", codec=Codec(user_registry()),
         durability="replicated", wait_ms=WAIT_MS,
     )  # fmt: skip
@@ -260,4 +262,3 @@ def test_an_optimistic_merge_waits_after_its_exec(pair: Pair) -> None:
     pair.relay.release()
     store.merge_publish_info("m", "llm", {"sum": SumInfo(1)}, op_id="m2", returning=False)
     assert store.load_partition("m", "llm").resource_publish_info["sum"] == SumInfo(2)
-    store.close()
