@@ -126,3 +126,22 @@ def split_url(url: str) -> tuple[str, dict[str, Any]]:
         return url, {}
     rest = urlencode([(k, v) for k, v in query if k not in URL_OPTIONS])
     return urlunsplit(parts._replace(query=rest)), options
+
+
+def split_durability(url: str) -> tuple[str, Durability]:
+    """``url`` without the store's query options, and the durability they ask for."""
+    rest, options = split_url(url)
+    return rest, durability_of(options.pop("durability", "master"), **options)
+
+
+def with_durability(url: str, durability: Durability) -> str:
+    """``url`` asking for ``durability`` in its query (for a process that gets only a URL)."""
+    rest, _ = split_url(url)
+    if not durability.replicated:
+        return rest
+    parts = urlsplit(rest)
+    ours = urlencode(
+        {"durability": durability.mode, "replicas": durability.replicas,
+         "wait_ms": durability.wait_ms}
+    )  # fmt: skip
+    return urlunsplit(parts._replace(query=f"{parts.query}&{ours}" if parts.query else ours))

@@ -25,7 +25,14 @@ from store import (
     StalePassError,
     StoreError,
 )
-from store.durability import Durability, durability_of, split_url
+from store.cli import main as cli
+from store.durability import (
+    Durability,
+    durability_of,
+    split_durability,
+    split_url,
+    with_durability,
+)
 from store.ops.effects import Commit, ErrorReply, Op, Send, SendMany, Write
 from store.ops.settings import Settings
 from store.records import Step
@@ -250,3 +257,22 @@ def test_a_wait_longer_than_the_socket_timeout_is_refused(fake_client: Any) -> N
     assert Settings().durability == Durability()
     with pytest.raises(ConfigurationError, match="expected a number"):
         split_url("redis://h:1/0?replicas=two")
+
+
+def test_a_url_carries_the_durability_to_another_process() -> None:
+    wanted = Durability("replicated", 2, 300)
+    url = with_durability("redis://h:1/0?health_check_interval=5&wait_ms=9", wanted)
+    assert (
+        url == "redis://h:1/0?health_check_interval=5&durability=replicated&replicas=2&wait_ms=300"
+    )
+    assert split_durability(url) == ("redis://h:1/0?health_check_interval=5", wanted)
+    assert with_durability(url, Durability()) == "redis://h:1/0?health_check_interval=5"
+    assert split_durability("redis://h:1/0") == ("redis://h:1/0", Durability())
+
+
+@pytest.mark.parametrize("command", ["demo", "simulate"])
+def test_the_cli_refuses_replicated_on_the_embedded_redis(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([command, "--durability", "replicated"]) == 1
+    assert "needs --redis-url: a Redis with replicas" in capsys.readouterr().err

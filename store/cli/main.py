@@ -103,12 +103,18 @@ def add_durability_options(parser: argparse.ArgumentParser) -> None:
 def durability_from(args: argparse.Namespace) -> Durability:
     """The durability the URL's query and the options ask for (an option wins)."""
     url: str | None = getattr(args, "redis_url", None)
-    wanted = split_url(url)[1] if url else {}
+    wanted = split_url(url)[1] if url else {}  # checked, and defaults filled, below
     for name, option in (("durability", "durability"), ("replicas", "wait_replicas"),
                          ("wait_ms", "wait_ms")):  # fmt: skip
         if getattr(args, option, None) is not None:
             wanted[name] = getattr(args, option)
-    return durability_of(wanted.pop("durability", "master"), **wanted)
+    durability = durability_of(wanted.pop("durability", "master"), **wanted)
+    if durability.replicated and url is None:
+        raise ConfigurationError(
+            "durability 'replicated' needs --redis-url: a Redis with replicas (the embedded "
+            "fakeredis has none)"
+        )
+    return durability
 
 
 def embedded_client() -> Any:
@@ -127,14 +133,15 @@ def make_client(args: argparse.Namespace) -> Any:
     url: str | None = args.redis_url
     if url is None:
         return embedded_client()
-    return connect(split_url(url)[0])  # the store's own query options are not redis-py's
+    return connect(url)
 
 
 def connect(url: str) -> Any:
-    """A redis-py client for ``url``; a failure while it is built (a cluster client
-    connects then) is the store error it stands for."""
+    """A redis-py client for ``url`` (without the store's own query options, which are not
+    redis-py's); a failure while it is built (a cluster client connects then) is the store
+    error it stands for."""
     try:
-        return client_from_url(url, **timeouts(CLI_RECONNECT))
+        return client_from_url(split_url(url)[0], **timeouts(CLI_RECONNECT))
     except (redis.RedisError, RedisClusterException) as e:
         raise as_store_error(e, url) from e
 

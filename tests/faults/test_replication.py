@@ -262,3 +262,14 @@ def test_an_optimistic_merge_waits_after_its_exec(pair: Pair, make_store: Stores
     pair.relay.release()
     store.merge_publish_info("m", "llm", {"sum": SumInfo(1)}, op_id="m2", returning=False)
     assert store.load_partition("m", "llm").resource_publish_info["sum"] == SumInfo(2)
+
+
+def test_cli_simulate_runs_replicated(pair: Pair, capsys: pytest.CaptureFixture[str]) -> None:
+    """The runtime's replicas (processes of their own) get the durability in the URL."""
+    argv = ["simulate", "--redis-url", pair.master.url, "--durability", "replicated",
+            "--requests", "4", "--replicas", "2", "--kill", "1"]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert "result: OK" in capsys.readouterr().out
+    with pair.master.client() as m:
+        waits = m.info("commandstats")["cmdstat_wait"]["calls"]
+    assert waits >= 4 * 3  # creates, reports and steps of every request waited
