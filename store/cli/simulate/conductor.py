@@ -142,8 +142,8 @@ def store_options(config: ProcessConfig, carrier: Carrier) -> tuple[str, dict[st
     """The URL for the client (without the store's query options) and the store's options,
     the same for both kinds."""
     url, durability = split_durability(config.redis_url)
-    options = {"namespace": config.namespace, "lease_ttl": carrier.timing.lease_ttl}
-    return url, {**options, "durability": durability}
+    lease_ttl = carrier.timing.lease_ttl
+    return url, {"namespace": config.namespace, "lease_ttl": lease_ttl, "durability": durability}
 
 
 # -- sync -------------------------------------------------------------------------------------
