@@ -26,7 +26,9 @@ from store.errors import ConfigurationError, ReplicationTimeoutError, StoreError
 from store.ops.effects import Command, ErrorReply
 
 MODES = ("master", "replicated")
-DEFAULT_WAIT_MS = 1000
+# Below the read timeout of the clients the store builds (a third of Reconnect.give_up_after:
+# 2 s for from_url, 1 s for the CLI), many times what a healthy replica takes.
+DEFAULT_WAIT_MS = 500
 # URL query options that are the store's, not redis-py's: taken out before redis-py parses.
 URL_OPTIONS = ("durability", "replicas", "wait_ms")
 
@@ -81,7 +83,8 @@ class Durability:
         if timeout is not None and self.wait_ms >= timeout * 1000:
             raise ConfigurationError(
                 f"wait_ms={self.wait_ms} is not below the client's socket timeout "
-                f"({timeout:g} s): lower wait_ms or raise socket_timeout"
+                f"({timeout:g} s): lower wait_ms, or raise the read timeout (socket_timeout=, "
+                "or from_url's reconnect=Reconnect(give_up_after=S), a third of which it is)"
             )
 
 

@@ -133,7 +133,7 @@ class RequestStore(StoreSettings):
 
     ``durability="replicated"`` makes every write that changes a request (create, report,
     step, merge, claim, lease renewal, field write, finish, delete) wait until ``replicas``
-    replicas (default 1) acknowledged it, at most ``wait_ms`` milliseconds (default 1000):
+    replicas (default 1) acknowledged it, at most ``wait_ms`` milliseconds (default 500):
     ``WAIT`` goes out right after the write, in the same round trip, to the master that
     holds the request. Fewer acknowledgements raise ``ReplicationTimeoutError``: the
     write was applied on the master; a retry with the same op id is applied once and waits

@@ -230,7 +230,7 @@ def test_durability_from_the_url() -> None:
 
 async def test_async_store_takes_the_same_option() -> None:
     store = AsyncRequestStore.from_url("redis://127.0.0.1:1/0?durability=replicated")
-    assert store.durability == Durability("replicated", 1, 1000)
+    assert store.durability == Durability("replicated", 1, 500)
     await store.aclose()
 
 

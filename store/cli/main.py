@@ -96,7 +96,7 @@ def add_durability_options(parser: argparse.ArgumentParser) -> None:
         "--wait-replicas", type=int, metavar="N", help="replicas to wait for (default 1)"
     )
     group.add_argument(
-        "--wait-ms", type=int, metavar="MS", help="longest wait per write (default 1000)"
+        "--wait-ms", type=int, metavar="MS", help="longest wait per write (default 500)"
     )
 
 
