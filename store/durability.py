@@ -11,9 +11,10 @@ succeed only once N replicas acknowledged it. Fewer within T milliseconds raise
 ``ReplicationTimeoutError``: the write was applied on the master (``WAIT`` runs after
 it), so a retry must be, and with the same op id is, idempotent.
 
-``WAIT`` guarantees that N replicas received the write, not that it survives any
-failure (a replica's copy is in memory; Redis may still promote a replica that lacks it
-if two fail): see docs/guarantees.md for what each mode promises, and the numbers.
+``WAIT`` guarantees that N replicas received and applied the write, not that it survives
+any failure (a replica's copy is in memory; a failover may promote another replica, one
+that did not acknowledge, if there are more than N): see docs/guarantees.md for what each
+mode promises, and the numbers.
 """
 
 from __future__ import annotations
