@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from store.backoff import RetryPolicy
     from store.codec import Codec
     from store.codec.kinds import KindRegistry, default_registry, register_kind
+    from store.durability import Durability
     from store.errors import (
         ConfigurationError,
         ConnectionNotFound,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
         PartitionNotFound,
         PayloadTooLargeError,
         ReplicaDrainingError,
+        ReplicationTimeoutError,
         RequestExistsError,
         RequestNotFound,
         SchemaVersionError,
@@ -59,6 +61,7 @@ _MODULES: dict[str, str] = {
     "KindRegistry": "store.codec.kinds",
     "default_registry": "store.codec.kinds",
     "register_kind": "store.codec.kinds",
+    "Durability": "store.durability",
     "ConfigurationError": "store.errors",
     "ConnectionNotFound": "store.errors",
     "CorruptRecordError": "store.errors",
@@ -69,6 +72,7 @@ _MODULES: dict[str, str] = {
     "PartitionNotFound": "store.errors",
     "PayloadTooLargeError": "store.errors",
     "ReplicaDrainingError": "store.errors",
+    "ReplicationTimeoutError": "store.errors",
     "RequestExistsError": "store.errors",
     "RequestNotFound": "store.errors",
     "SchemaVersionError": "store.errors",
@@ -119,6 +123,7 @@ __all__ = [
     "ConfigurationError",
     "ConnectionNotFound",
     "CorruptRecordError",
+    "Durability",
     "EncodeError",
     "EvictingServerError",
     "FencedError",
@@ -133,6 +138,7 @@ __all__ = [
     "Replica",
     "ReplicaDrainingError",
     "ReplicaRegistry",
+    "ReplicationTimeoutError",
     "Report",
     "ReportOutcome",
     "ReportResult",

@@ -31,10 +31,12 @@ PROBES: dict[str, tuple[str, ...]] = {
                                                     "1", "{key}"),
     "SCRIPT|LOAD": ("return 1",), "MULTI": (), "EXEC": (), "UNWATCH": (), "TIME": (),
     "PING": (), "SCAN": ("0",), "INFO": (), "CONFIG|GET": ("maxmemory-policy",),
-    "ACL|WHOAMI": (), "CLUSTER|SLOTS": (), "COMMAND": (), "ASKING": (),
+    "ACL|WHOAMI": (), "CLUSTER|SLOTS": (), "COMMAND": (), "ASKING": (), "WAIT": ("0", "0"),
 }  # fmt: skip
 COMMANDS = tuple(PROBES)
 KEYED = tuple(name for name, args in PROBES.items() if "{key}" in args)
+# WAIT is sent only with durability="replicated" (store/durability.py): doctor asks for it
+# only from such a store.
 # CONFIG GET is only for doctor and the eviction check at open (which fall back to INFO
 # without it): drop it where reading the server's configuration is not wanted, since
 # CONFIG GET also reads secrets such as ``requirepass``.

@@ -12,6 +12,7 @@ from typing import Any
 
 from store.backoff import RetryPolicy
 from store.codec import Codec
+from store.durability import Durability, durability_of
 from store.facade import async_method
 from store.io.aio import AsyncExecutor
 from store.io.connect import aclose_client, async_client_from_url
@@ -20,7 +21,8 @@ from store.observe import Instruments
 from store.ops import fields, lifecycle, merges, reads, reports, server
 from store.ops import leases as lease_ops
 from store.ops.calls import Reconnect
-from store.ops.core import DEFAULT_TOPOLOGY_CACHE_SIZE, Core
+from store.ops.core import Core
+from store.ops.settings import DEFAULT_TOPOLOGY_CACHE_SIZE
 from store.store import StoreSettings, settings_from, split_options
 
 
@@ -29,6 +31,7 @@ class AsyncRequestStore(StoreSettings):
 
     ``client`` is a ``redis.asyncio.Redis`` (or its Sentinel master, or a
     ``redis.asyncio.cluster.RedisCluster``) with bytes replies. ``async with`` closes it.
+    ``durability``, ``replicas`` and ``wait_ms``: as for ``RequestStore``.
     """
 
     def __init__(
@@ -44,8 +47,13 @@ class AsyncRequestStore(StoreSettings):
         reconnect: Reconnect | None = None,
         history_cap: int = 1000,
         instruments: Instruments | None = None,
+        durability: str | Durability = "master",
+        replicas: int | None = None,
+        wait_ms: int | None = None,
     ) -> None:
         self._executor = AsyncExecutor(client)
+        wanted = durability_of(durability, replicas, wait_ms)
+        wanted.check_client(client)
         self._core = Core(
             settings_from(
                 namespace,
@@ -57,6 +65,7 @@ class AsyncRequestStore(StoreSettings):
                 reconnect,
                 history_cap,
                 instruments,
+                wanted,
             )
         )
         self.client = client
@@ -65,7 +74,7 @@ class AsyncRequestStore(StoreSettings):
     @classmethod
     def from_url(cls, url: str, *, namespace: str = "mstar", **options: Any) -> AsyncRequestStore:
         """A store on the Redis at ``url`` (the URL forms of ``RequestStore.from_url``)."""
-        store_options = split_options(options)
+        url, store_options = split_options(url, options)
         client = async_client_from_url(url, **options)
         store = cls(client, namespace=namespace, **store_options)
         store._core.open_check_pending = True  # see RequestStore.from_url

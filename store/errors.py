@@ -197,3 +197,25 @@ class StoreConnectionError(StoreError, ConnectionError):
 class ReplicaDrainingError(StoreError):
     """The replica is draining and takes no more reports: deliver this one to another
     replica (nothing of it was applied)."""
+
+
+class ReplicationTimeoutError(StoreError):
+    """A write of a store with ``durability="replicated"`` was applied on the master, but
+    fewer replicas than asked for acknowledged it within the wait.
+
+    The write is not undone: it holds on the master and is readable there, and it will
+    reach the replicas unless the master fails first (then a promoted replica may not have
+    it). Send it again with the same op id to wait once more: the store applies it once.
+    """
+
+    def __init__(self, acknowledged: int, wanted: int, wait_ms: int, **where: str | None) -> None:
+        self.acknowledged = acknowledged
+        self.wanted = wanted
+        self.wait_ms = wait_ms
+        self.applied = True  # on the master: WAIT runs after the write
+        super().__init__(
+            f"the write was applied on the master, but {acknowledged} of the {wanted} "
+            f"replicas asked for acknowledged it within {wait_ms} ms; a failover now may "
+            "lose it: retry with the same op id (applied once) to wait again",
+            **where,
+        )

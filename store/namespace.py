@@ -16,9 +16,10 @@ from store.io.sync import SyncExecutor
 from store.keys import INDEX_SUFFIX, namespace_of_index
 from store.ops import scan
 from store.ops.calls import DEFAULT_RECONNECT, Reconnect
-from store.ops.core import Core, Settings
+from store.ops.core import Core
 from store.ops.effects import Op
 from store.ops.scan import Node
+from store.ops.settings import Settings
 
 T = TypeVar("T")
 

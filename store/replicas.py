@@ -9,7 +9,8 @@ from store.io.aio import AsyncExecutor
 from store.io.sync import SyncExecutor
 from store.ops import replicas
 from store.ops.calls import DEFAULT_RECONNECT, Reconnect
-from store.ops.core import Core, Settings
+from store.ops.core import Core
+from store.ops.settings import Settings
 
 
 class ReplicaRegistry(Facade):

@@ -35,6 +35,7 @@ from typing import Any
 
 from store.backoff import RetryPolicy
 from store.codec import Codec
+from store.durability import MASTER, Durability, durability_of, split_url
 from store.facade import Facade, sync_method
 from store.io.connect import client_from_url, close_client, timeouts
 from store.io.sync import SyncExecutor
@@ -44,7 +45,8 @@ from store.observe import Instruments
 from store.ops import fields, lifecycle, merges, reads, reports, server
 from store.ops import leases as lease_ops
 from store.ops.calls import DEFAULT_RECONNECT, Reconnect
-from store.ops.core import DEFAULT_TOPOLOGY_CACHE_SIZE, SETTING_NAMES, Core, Settings, StoreStats
+from store.ops.core import Core
+from store.ops.settings import DEFAULT_TOPOLOGY_CACHE_SIZE, SETTING_NAMES, Settings, StoreStats
 
 
 class StoreSettings(Facade):
@@ -76,6 +78,13 @@ class StoreSettings(Facade):
         return self._core.dedupe_window
 
     @property
+    def durability(self) -> Durability:
+        """When a write counts as done: applied on the master (``"master"``, the default),
+        or acknowledged by ``replicas`` replicas too (``"replicated"``); see
+        ``store.durability``."""
+        return self._core.durability
+
+    @property
     def stats(self) -> StoreStats:
         """This store's cumulative counters (retries, conflicts, duplicates, ...)."""
         return self._core.stats
@@ -91,6 +100,7 @@ def settings_from(
     reconnect: Reconnect | None,
     history_cap: int = 1000,
     instruments: Instruments | None = None,
+    durability: Durability = MASTER,
 ) -> Settings:
     return Settings(
         namespace=namespace,
@@ -102,20 +112,36 @@ def settings_from(
         reconnect=reconnect or DEFAULT_RECONNECT,
         history_cap=history_cap,
         instruments=instruments,
+        durability=durability,
     )
 
 
-def split_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Take the store's own settings out of ``from_url``'s options (the rest go to redis-py,
-    with the connect and read timeouts that ``reconnect``'s bound needs, unless given)."""
-    settings = {k: options.pop(k) for k in SETTING_NAMES if k in options}
+def split_options(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Take the store's own settings out of ``from_url``'s URL query and options (an option
+    passed wins over the URL's); the rest go to redis-py, with the connect and read
+    timeouts that ``reconnect``'s bound needs, unless given."""
+    url, from_query = split_url(url)
+    names = (*SETTING_NAMES, "replicas", "wait_ms")
+    settings = {**from_query, **{k: options.pop(k) for k in names if k in options}}
     for name, seconds in timeouts(settings.get("reconnect")).items():
         options.setdefault(name, seconds)
-    return settings
+    return url, settings
 
 
 class RequestStore(StoreSettings):
-    """The conductor's per-request state on Redis (single server, Sentinel or Cluster)."""
+    """The conductor's per-request state on Redis (single server, Sentinel or Cluster).
+
+    ``durability="replicated"`` makes every write that changes a request (create, report,
+    step, merge, claim, lease renewal, field write, finish, delete) wait until ``replicas``
+    replicas (default 1) acknowledged it, at most ``wait_ms`` milliseconds (default 500):
+    ``WAIT`` goes out right after the write, in the same round trip, to the master that
+    holds the request. Fewer acknowledgements raise ``ReplicationTimeoutError``: the
+    write was applied on the master; a retry with the same op id is applied once and waits
+    again. A write so acknowledged survives the master's failover to one of the replicas
+    that acknowledged it; in the default ``"master"`` mode a write acknowledged in the
+    last moments before the master died may be missing on the promoted replica
+    (docs/guarantees.md has the numbers). ``durability`` also takes a ``Durability``.
+    """
 
     def __init__(
         self,
@@ -130,8 +156,13 @@ class RequestStore(StoreSettings):
         reconnect: Reconnect | None = None,
         history_cap: int = 1000,
         instruments: Instruments | None = None,
+        durability: str | Durability = "master",
+        replicas: int | None = None,
+        wait_ms: int | None = None,
     ) -> None:
         self._executor = SyncExecutor(client)
+        wanted = durability_of(durability, replicas, wait_ms)
+        wanted.check_client(client)
         self._core = Core(
             settings_from(
                 namespace,
@@ -143,6 +174,7 @@ class RequestStore(StoreSettings):
                 reconnect,
                 history_cap,
                 instruments,
+                wanted,
             )
         )
         self.client = client
@@ -155,9 +187,10 @@ class RequestStore(StoreSettings):
         Its first call also asks the server's ``maxmemory-policy`` (one round trip, once)
         and logs a warning if the server may evict keys; ``check_server`` says more.
         ``reconnect=Reconnect(give_up_after=S)`` bounds how long any call waits on a server
-        that does not answer (default 6 s): the client's timeouts are set to fit it.
+        that does not answer (default 6 s): the client's timeouts are set to fit it. The
+        URL's query may set the durability: ``?durability=replicated&replicas=1&wait_ms=500``.
         """
-        store_options = split_options(options)
+        url, store_options = split_options(url, options)
         store = cls(client_from_url(url, **options), namespace=namespace, **store_options)
         store._core.open_check_pending = True  # warn of an evicting server at the first call
         return store

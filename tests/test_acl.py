@@ -145,3 +145,21 @@ def test_a_user_without_the_key_pattern_or_config_get(
     assert found["acl"].level == "warning"  # doctor reads INFO instead
     assert "CONFIG|GET" in found["acl"].message
     assert found["eviction"].level == "ok"  # from INFO memory
+
+
+@pytest.mark.servers
+def test_wait_is_asked_for_only_by_a_replicated_store(
+    tmp_redis: RedisServer, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = add_user(tmp_redis, "nowait", f"{store_acl.acl_rules(namespace)} -wait")
+    from store import RequestStore
+
+    with RequestStore.from_url(url, namespace=namespace) as store:
+        assert {f.check: f for f in store.check_server()}["acl"].level == "ok"
+    replicated = f"{url}?durability=replicated&wait_ms=100"
+    with RequestStore.from_url(replicated, namespace=namespace) as store:
+        acl = {f.check: f for f in store.check_server()}["acl"]
+    assert acl.level == "fatal"
+    assert "may not run WAIT" in acl.message and "grant +wait" in acl.message
+    assert cli.main(["doctor", "--redis-url", replicated, "--namespace", namespace]) == 1
+    assert "may not run WAIT" in capsys.readouterr().out

@@ -8,7 +8,7 @@ import fakeredis
 import pytest
 
 from store import ConfigurationError, RequestStore
-from store.ops.core import DEFAULT_TOPOLOGY_CACHE_SIZE
+from store.ops.settings import DEFAULT_TOPOLOGY_CACHE_SIZE
 from tests.test_lifetimes import create  # the tts shape: an LLM streaming to a codec
 
 pytestmark = pytest.mark.fake

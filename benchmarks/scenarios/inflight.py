@@ -39,7 +39,7 @@ from benchmarks.scenarios.fastpath import current_pass
 from benchmarks.shapes import HOT, PASS_PAGES, pass_request
 from benchmarks.wire import tap_effects
 from store import RequestStore
-from store.ops.core import DEFAULT_TOPOLOGY_CACHE_SIZE
+from store.ops.settings import DEFAULT_TOPOLOGY_CACHE_SIZE
 
 MODULE = __name__
 SIZES = (100, 10_000)

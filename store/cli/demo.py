@@ -21,6 +21,7 @@ from store.cli.main import (
     DEFAULT_REDIS_URL,
     add_command,
     add_common_options,
+    add_durability_options,
     open_store,
     same_place,
 )
@@ -113,6 +114,7 @@ def add_parser(subparsers: Any) -> None:
         "--keep", action="store_true", help="keep the finished requests (for `ls` and `show`)"
     )
     add_common_options(parser, embedded=True, namespace=DEMO_NAMESPACE)
+    add_durability_options(parser)
     parser.set_defaults(func=run)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisClusterException
 
+from store.durability import MODES, Durability, durability_of, split_url
 from store.errors import ConfigurationError, RequestNotFound, StoreConnectionError, StoreError
 from store.io.connect import client_from_url, parse_url, redacted, timeouts
 from store.io.wire import io_failure
@@ -82,6 +83,40 @@ def add_common_options(
     parser.add_argument("--namespace", default=namespace, help=ns_help)
 
 
+def add_durability_options(parser: argparse.ArgumentParser) -> None:
+    """Add --durability, --wait-replicas and --wait-ms, for a command that writes requests
+    (the URL's ``?durability=replicated&replicas=N&wait_ms=T`` sets them too)."""
+    group = parser.add_argument_group("durability (docs/guarantees.md)")
+    group.add_argument(
+        "--durability",
+        choices=MODES,
+        help="'replicated': each write waits for replicas to acknowledge it (default master)",
+    )
+    group.add_argument(
+        "--wait-replicas", type=int, metavar="N", help="replicas to wait for (default 1)"
+    )
+    group.add_argument(
+        "--wait-ms", type=int, metavar="MS", help="longest wait per write (default 500)"
+    )
+
+
+def durability_from(args: argparse.Namespace) -> Durability:
+    """The durability the URL's query and the options ask for (an option wins)."""
+    url: str | None = getattr(args, "redis_url", None)
+    wanted = split_url(url)[1] if url else {}  # checked, and defaults filled, below
+    for name, option in (("durability", "durability"), ("replicas", "wait_replicas"),
+                         ("wait_ms", "wait_ms")):  # fmt: skip
+        if getattr(args, option, None) is not None:
+            wanted[name] = getattr(args, option)
+    durability = durability_of(wanted.pop("durability", "master"), **wanted)
+    if durability.replicated and url is None:
+        raise ConfigurationError(
+            "durability 'replicated' needs --redis-url: a Redis with replicas (the embedded "
+            "fakeredis has none)"
+        )
+    return durability
+
+
 def embedded_client() -> Any:
     """A client on a private in-process fakeredis server (with Lua, which the store needs)."""
     try:
@@ -102,10 +137,11 @@ def make_client(args: argparse.Namespace) -> Any:
 
 
 def connect(url: str) -> Any:
-    """A redis-py client for ``url``; a failure while it is built (a cluster client
-    connects then) is the store error it stands for."""
+    """A redis-py client for ``url`` (without the store's own query options, which are not
+    redis-py's); a failure while it is built (a cluster client connects then) is the store
+    error it stands for."""
     try:
-        return client_from_url(url, **timeouts(CLI_RECONNECT))
+        return client_from_url(split_url(url)[0], **timeouts(CLI_RECONNECT))
     except (redis.RedisError, RedisClusterException) as e:
         raise as_store_error(e, url) from e
 
@@ -133,7 +169,12 @@ def open_store(args: argparse.Namespace, *, writes: bool = False) -> Iterator[Re
     A command that ``writes`` is told first if the server may evict what it writes."""
     client = make_client(args)
     try:
-        store = RequestStore(client, namespace=args.namespace, reconnect=CLI_RECONNECT)
+        store = RequestStore(
+            client,
+            namespace=args.namespace,
+            reconnect=CLI_RECONNECT,
+            durability=durability_from(args),
+        )
         if writes:
             warn_if_evicting(store)
         yield store

@@ -248,9 +248,11 @@ def script(
     reads: Sequence[Command] = (),
     reconnect: Reconnect = DEFAULT_RECONNECT,
     alongside: Sequence[ScriptCall] = (),
+    wait: Command | None = None,
 ) -> Op[list[Any]]:
     """Run script ``name`` by EVALSHA (loading it if the server lacks it); its reply, then
-    the replies of ``reads`` run right after it in the same MULTI..EXEC, atomically.
+    the replies of ``reads`` run right after it in the same MULTI..EXEC, atomically; then,
+    with ``wait`` (a ``WAIT``, sent right after them in the same write), its reply.
 
     A read outside the script costs the server far less than the same read inside Lua.
     ``alongside`` are scripts sent in the same round trip as this one's first try, to
@@ -263,6 +265,8 @@ def script(
         if loaded:
             call = ("EVAL", scripts.sources[name], *call[2:])
         commands = [("MULTI",), call, *reads, ("EXEC",)] if reads else [call]
+        if wait is not None:  # after EXEC: inside MULTI, WAIT does not wait
+            commands.append(wait)
         if alongside and not loaded:
             sends = [Send(keys[0], commands)]
             sends += [Send(c.keys[0], [c.command(scripts)]) for c in alongside]
@@ -278,6 +282,9 @@ def script(
                 yield SendMany(again)
         else:
             replies = yield from send(keys[0], commands, where, reconnect)
+        waited = None
+        if wait is not None:
+            replies, waited = replies[:-1], replies[-1]
         if reads:
             raise_error_replies(replies[:-1], where)  # a queueing error (wrong arity, say)
             results = replies[-1]
@@ -288,7 +295,7 @@ def script(
         if _noscript(results[0]):
             continue  # the server was restarted or flushed its script cache
         raise_error_replies(results, where)
-        return results
+        return results if wait is None else [*results, waited]
     raise StoreError(f"Redis does not keep script {name!r} after loading it", **where)
 
 

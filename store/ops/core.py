@@ -15,17 +15,14 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from store import scripts as script_files
-from store.backoff import RetryPolicy
-from store.codec import Codec
 from store.codec.layout import RecordLayout
 from store.codec.published import PublishLayout, check_label
 from store.errors import (
-    ConfigurationError,
     ConnectionNotFound,
     CorruptRecordError,
     FencedError,
@@ -38,9 +35,7 @@ from store.keys import KeySpace
 from store.migrations import RecordKind
 from store.observe import Instruments
 from store.ops.calls import (
-    DEFAULT_RECONNECT,
     BusyWait,
-    Reconnect,
     ScriptCall,
     Scripts,
     Where,
@@ -51,6 +46,7 @@ from store.ops.calls import (
     send,
 )
 from store.ops.effects import Command, Disconnected, ErrorReply, Op, Send, SendMany
+from store.ops.settings import Settings, StoreStats
 from store.records import Lease, RequestRecord
 from store.schema import SCHEMA_VERSION
 from store.types import (
@@ -80,6 +76,13 @@ SCRIPT_NAMES = (
     "replicas",
 )
 VERSION = str(SCHEMA_VERSION).encode()
+# Script statuses that refuse and write nothing (the caller raises or retries on them): a
+# replicated store does not check their WAIT, so a lagging replica does not turn a refusal
+# into a ReplicationTimeoutError that says "applied". A DUP is checked: it confirms (on its
+# connection) the first application. Core.run raises NOKEY, FENCED, RANGE, SCHEMA first.
+WROTE_NOTHING = frozenset(
+    {b"STALE", b"NOWG", b"EXISTS", b"SHAPE", b"BUSY", b"KIND", b"NOTDUE", b"HELD", b"DONE"}
+)
 log = logging.getLogger(__name__)
 
 
@@ -111,66 +114,6 @@ class Topology:
         return out, into
 
 
-@dataclass
-class StoreStats:
-    """Counters of merges: optimistic transactions (with their tries) and server-side merges."""
-
-    transactions: int = 0
-    attempts: int = 0
-    server_merges: int = 0
-
-    @property
-    def retries(self) -> int:
-        return self.attempts - self.transactions
-
-    @property
-    def merges(self) -> int:
-        """Merges committed, by either path."""
-        return self.transactions + self.server_merges
-
-
-# Requests whose partitions and connections a store remembers (about 500 bytes each; the
-# one remembered longest ago goes first): a replica's reports need them, so it should hold
-# every request in flight; at 4,096 and 10,000 requests in flight at random, 0.6 more round
-# trips went to re-reading them per pass.
-DEFAULT_TOPOLOGY_CACHE_SIZE = 16384
-
-
-@dataclass
-class Settings:
-    """The store's settings, checked once."""
-
-    namespace: str = "mstar"
-    codec: Codec = field(default_factory=Codec)
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    dedupe_window: float = 3600.0
-    lease_ttl: float = 10.0
-    topology_cache_size: int = DEFAULT_TOPOLOGY_CACHE_SIZE
-    reconnect: Reconnect = DEFAULT_RECONNECT
-    history_cap: int = 1000  # entries kept per request's history stream; 0 turns it off
-    instruments: Instruments | None = None  # default: OpenTelemetry's global providers
-
-    def __post_init__(self) -> None:
-        if self.dedupe_window <= 0 or self.lease_ttl <= 0:
-            raise ConfigurationError("dedupe_window and lease_ttl must be positive")
-        if self.topology_cache_size < 0:
-            raise ConfigurationError("topology_cache_size must be >= 0")
-        if type(self.history_cap) is not int or self.history_cap < 0:
-            raise ConfigurationError("history_cap must be an int >= 0 (0 turns history off)")
-
-
-SETTING_NAMES = (
-    "codec",
-    "retry",
-    "dedupe_window",
-    "lease_ttl",
-    "topology_cache_size",
-    "reconnect",
-    "history_cap",
-    "instruments",
-)
-
-
 class Core:
     """One store's settings, layouts, scripts and caches, shared by its operations."""
 
@@ -182,6 +125,8 @@ class Core:
         self.lease_ttl = settings.lease_ttl
         self.dedupe_window = settings.dedupe_window
         self.reconnect = settings.reconnect
+        self.durability = settings.durability
+        self.wait = settings.durability.wait_command()  # after each write script, or None
         self.history_cap = str(settings.history_cap)
         self.instruments = settings.instruments or Instruments(settings.namespace)
         self.stats = StoreStats()
@@ -272,8 +217,9 @@ class Core:
         where: Where,
         reads: Sequence[Command] = (),
         alongside: Sequence[ScriptCall] = (),
+        wait: Command | None = None,
     ) -> Op[list[Any]]:
-        return script(self.scripts, name, keys, args, where, reads, self.reconnect, alongside)
+        return script(self.scripts, name, keys, args, where, reads, self.reconnect, alongside, wait)
 
     # -- scripts --------------------------------------------------------------------------
 
@@ -290,7 +236,8 @@ class Core:
         alongside: Sequence[ScriptCall] = (),
         upgraded: bool = False,
     ) -> Op[Any]:
-        """Run a script; turn its NOKEY, SCHEMA, FENCED and RANGE statuses into typed errors.
+        """Run a write script; turn its NOKEY, SCHEMA, FENCED and RANGE statuses into typed
+        errors, then (replicated durability) too few replicas into ``ReplicationTimeoutError``.
 
         A record older than the code (SCHEMA) is upgraded in Redis with the other records
         among ``keys``, and the script runs once more. With ``reads``, returns the script's
@@ -298,7 +245,8 @@ class Core:
         with the first try (see ``store.ops.calls.script``).
         """
         where = {"request_id": rid, "key": keys[0]}
-        replies = yield from self.script(name, keys, args, where, reads, alongside)
+        replies = yield from self.script(name, keys, args, where, reads, alongside, self.wait)
+        waited = replies.pop() if self.wait is not None else None
         reply = replies[0]
         status = reply[0]
         if status == b"NOKEY":
@@ -338,6 +286,8 @@ class Core:
             raise CorruptRecordError(  # a current version reported as outdated
                 f"script {name!r} refused schema version {reply[2]!r}", request_id=rid
             )
+        if self.wait is not None and status not in WROTE_NOTHING:
+            self.durability.check(waited, **where)
         return [list(reply), *replies[1:]] if reads else list(reply)
 
     def raise_not_found(

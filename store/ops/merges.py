@@ -191,7 +191,9 @@ def _merge_optimistic(
         yield from core.script("merge_claim", [claim, queue], [*claim_args, "LEAVE"], where)
 
     def run() -> Op[Outcome[dict[str, PublishedInfo]]]:
-        return optimistic([pub, meta], reads, body, core.retry, where, on_retry, core.reconnect)
+        return optimistic(
+            [pub, meta], reads, body, core.retry, where, on_retry, core.reconnect, core.durability
+        )
 
     try:
         try:

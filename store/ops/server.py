@@ -174,6 +174,8 @@ def _acl(core: Core) -> Op[Finding]:
     if probed == [b"UNSUPPORTED"]:
         return (yield from _acl_by_getuser(core, key, whoami, user))
     refused = [acl.COMMANDS[i - 1] for i in probed[0]]
+    if not core.durability.replicated:  # only replicated durability sends WAIT
+        refused = [c for c in refused if c != "WAIT"]
     if not refused:
         return Finding(
             "acl", "ok", f"{user} may run every command the store needs on {core.keys.namespace}:*"

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from store.backoff import RetryPolicy
+from store.durability import MASTER, Durability
 from store.errors import TransactionConflictError
 from store.ops.calls import DEFAULT_RECONNECT, Reconnect, Where, raise_error_replies
 from store.ops.effects import (
@@ -61,6 +62,7 @@ def optimistic(
     where: Where,
     on_retry: Callable[[int], Op[None]] | None = None,
     reconnect: Reconnect = DEFAULT_RECONNECT,
+    durability: Durability = MASTER,
 ) -> Op[Outcome[T]]:
     """Run ``body`` over a consistent read of ``reads`` and commit its writes, with retries.
 
@@ -69,8 +71,11 @@ def optimistic(
     for the same writer for ``policy.max_wait`` seconds), ``StoreConnectionError`` when
     Redis stayed unreachable; either way nothing of a failed try was written. ``on_retry(failed)``
     runs before each retry. A body that returns ``Plan(step_aside=True)`` waits for another
-    writer: that try is not counted as a conflict.
+    writer: that try is not counted as a conflict. With replicated ``durability`` a
+    ``WAIT`` follows the EXEC in the same write (``ReplicationTimeoutError`` once committed).
     """
+    wait = durability.wait_command()
+    waited: Any = None
     patience = reconnect.patience()
     waiting = Reconnect(give_up_after=policy.max_wait).patience()
     waiting_for: object = None  # the writer the last step aside was for
@@ -110,9 +115,16 @@ def optimistic(
                     raise TransactionConflictError(conflicts + 1, **where)
                 continue
             if not plan.writes:
-                yield Unwatch()
+                if wait is None:
+                    yield Unwatch()
+                else:  # a commit of an earlier try (its reply lost): wait for it as well
+                    (_, waited) = yield Commit([("UNWATCH",), wait])
+                    durability.check(waited, **where)
                 return Outcome(plan.result, tries)
-            replies = yield Commit([("MULTI",), *plan.writes, ("EXEC",)])
+            commands = [("MULTI",), *plan.writes, ("EXEC",)]
+            replies = yield Commit([*commands, wait] if wait is not None else commands)
+            if wait is not None:
+                replies, waited = replies[:-1], replies[-1]
         except Disconnected as e:
             # The outcome of an EXEC in flight is unknown; the next try reads again.
             pause = patience.after_failure(e)
@@ -133,6 +145,8 @@ def optimistic(
         raise_error_replies(replies[:-1], where)
         if isinstance(committed, list):
             raise_error_replies(committed, where)
+        if wait is not None:
+            durability.check(waited, **where)
         return Outcome(plan.result, tries)
 
 

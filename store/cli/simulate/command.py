@@ -6,9 +6,15 @@ import argparse
 import sys
 from typing import Any
 
-from store.cli.main import add_command, add_common_options
+from store.cli.main import (
+    add_command,
+    add_common_options,
+    add_durability_options,
+    durability_from,
+)
 from store.cli.simulate.harness import SimulationConfig, default_namespace, simulate, summary_lines
 from store.cli.simulate.reference import SimulationError
+from store.durability import with_durability
 from store.io.connect import redacted
 
 
@@ -72,6 +78,7 @@ def add_parser(subparsers: Any) -> None:
         help="give up (exit 1) after this long (default 120)",
     )
     add_common_options(parser, embedded=True)
+    add_durability_options(parser)
     # A fresh namespace by default: the run deletes its namespace when it is done.
     parser.set_defaults(func=run, namespace=None)  # fmt: skip
 
@@ -94,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    durability = durability_from(args)  # the replicas' processes get it in the URL
     config = SimulationConfig(
         replicas=args.replicas,
         requests=args.requests,
@@ -101,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         drains=args.drain,
         aio=args.aio,
         seed=args.seed,
-        redis_url=args.redis_url,
+        redis_url=args.redis_url and with_durability(args.redis_url, durability),
         namespace=args.namespace or default_namespace(),
         timeout=args.timeout,
     )

@@ -32,6 +32,7 @@ from store.cli.simulate import transport
 from store.cli.simulate.measure import ReplicaStats, TimedStore
 from store.cli.simulate.planner import AsyncSimPlanner, SimPlanner, to_report
 from store.cli.simulate.transport import UNREACHABLE, SimKeys
+from store.durability import split_durability
 from store.errors import ReplicaDrainingError, StoreConnectionError, StoreError
 from store.io.connect import async_client_from_url, client_from_url
 from store.runtime import AsyncReplica, Replica, ReportStatus, Timing
@@ -137,14 +138,23 @@ class Carrier:
         self._next_flush = time.monotonic() + FLUSH_EVERY
 
 
+def store_options(config: ProcessConfig, carrier: Carrier) -> tuple[str, dict[str, Any]]:
+    """The URL for the client (without the store's query options) and the store's options,
+    the same for both kinds."""
+    url, durability = split_durability(config.redis_url)
+    lease_ttl = carrier.timing.lease_ttl
+    return url, {"namespace": config.namespace, "lease_ttl": lease_ttl, "durability": durability}
+
+
 # -- sync -------------------------------------------------------------------------------------
 
 
 def serve(config: ProcessConfig) -> None:
     carrier = Carrier(config)
     keys, planner = carrier.keys, carrier.planner
-    client = client_from_url(config.redis_url)
-    store = RequestStore(client, namespace=config.namespace, lease_ttl=carrier.timing.lease_ttl)
+    url, options = store_options(config, carrier)
+    client = client_from_url(url)
+    store = RequestStore(client, **options)
     planner.sink = lambda sent: client.rpush(keys.dispatch, transport.encode_dispatch(*sent))
 
     def finished(rid: str) -> None:
@@ -226,10 +236,9 @@ def serve(config: ProcessConfig) -> None:
 async def serve_async(config: ProcessConfig) -> None:
     carrier = Carrier(config)
     keys = carrier.keys
-    client = async_client_from_url(config.redis_url)
-    store = AsyncRequestStore(
-        client, namespace=config.namespace, lease_ttl=carrier.timing.lease_ttl
-    )
+    url, options = store_options(config, carrier)
+    client = async_client_from_url(url)
+    store = AsyncRequestStore(client, **options)
 
     async def sink(sent: tuple[str, str, int]) -> None:
         await client.rpush(keys.dispatch, transport.encode_dispatch(*sent))

@@ -40,6 +40,7 @@ from store.cli.simulate.transport import (
     encode_report,
 )
 from store.codec.leases import decode_leases
+from store.durability import split_durability
 from store.errors import NotFoundError
 from store.replicas import ReplicaRegistry
 from store.runtime import Replica, Timing
@@ -117,7 +118,10 @@ class Fleet:
         self.aio = aio
         self.slow_at_drain = slow_at_drain
         self.delete_finished = delete_finished
-        self.store = RequestStore(client, namespace=namespace, lease_ttl=timing.lease_ttl)
+        self.store = RequestStore(
+            client, namespace=namespace, lease_ttl=timing.lease_ttl,
+            durability=split_durability(redis_url)[1],
+        )  # fmt: skip
         self.keys = SimKeys(namespace)
         self.planner = SimPlanner(seed, sink=self._send)
         self.frontend = Replica(
