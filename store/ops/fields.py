@@ -51,14 +51,21 @@ def update_partition(
     )  # fmt: skip
 
 
-def set_producer_done(core: Core, request_id: str, connection: str) -> Op[None]:
-    """Mark that the producer of a streaming connection will send no more tokens."""
+def set_producer_done(
+    core: Core, request_id: str, connection: str, *, fence: Lease | None = None
+) -> Op[None]:
+    """Mark that the producer of a streaming connection will send no more tokens.
+
+    The producer partition's step decides that, so the write is fenced by its lease:
+    refused (``FencedError``) once ``fence`` was superseded, or without ``fence`` while a
+    replica holds a live lease on the producer partition.
+    """
     rid = validate_request_id(request_id)
-    split_connection_name(connection, request_id=rid)
+    producer, _ = split_connection_name(connection, request_id=rid)
     key = core.keys.connection(rid, connection)
     yield from update_fields(
         core, rid, key, core.connection_layout, {"producer_done": True}, ConnectionNotFound,
-        target="-", what="producer_done",
+        fence, target=producer, what="producer_done",
     )  # fmt: skip
 
 

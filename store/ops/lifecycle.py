@@ -166,8 +166,22 @@ def kept_until(core: Core, request_id: str) -> Op[float | None]:
     return None if score is None else float(score)
 
 
-def delete_request(core: Core, request_id: str) -> Op[bool]:
-    """Remove the request and all its keys; False if it was not held."""
+def delete_request(core: Core, request_id: str, *, fence: Lease | None = None) -> Op[bool]:
+    """Remove the request and all its keys; False if it was not held.
+
+    Fenced like every write a driving replica relies on: with ``fence``, refused
+    (``FencedError``) once that lease was superseded; without, while any replica holds a
+    live lease on the request. An operator removing an abandoned request whatever its
+    leases say uses ``force_delete_request``.
+    """
+    rid = validate_request_id(request_id)
+    return (yield from _delete(core, rid, fence, guarded=True))
+
+
+def force_delete_request(core: Core, request_id: str) -> Op[bool]:
+    """Remove the request and all its keys even while a replica holds a live lease on it
+    (that replica's next write gets ``RequestNotFound``): for an operator removing a
+    request whose driver is stuck. False if it was not held."""
     rid = validate_request_id(request_id)
     return (yield from _delete(core, rid, None, guarded=False))
 
@@ -266,6 +280,7 @@ def finish_request(
 def reap(core: Core, *, max_age: float, limit: int = 1000) -> Op[list[str]]:
     """Delete requests created more than ``max_age`` seconds ago (abandoned, or kept
     finished ones whose keys expired) and drop their index entries; returns their ids.
+    One that a replica still drives under a live lease is left (and logged).
     """
     domains.check_float(max_age, domains.DURATION, what="max_age")
     domains.check_int(limit, domains.LIMIT, what="limit")
@@ -293,8 +308,8 @@ def reap(core: Core, *, max_age: float, limit: int = 1000) -> Op[list[str]]:
                 {},
             )
             continue
-        try:
-            yield from _delete(core, rid, None, guarded=False)
+        try:  # an old request still driven under a live lease is not abandoned: kept
+            yield from _delete(core, rid, None, guarded=True)
         except StoreConnectionError:
             raise
         except StoreError as e:  # one damaged request does not stop the others
