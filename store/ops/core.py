@@ -241,10 +241,15 @@ class Core:
         self, key: str, commands: Sequence[Command], replies: list[Any], where: Where
     ) -> Op[list[Any]]:
         for i, reply in enumerate(replies):
-            if isinstance(reply, ErrorReply) and reply.kind == "NOSCRIPT":
-                (replies[i],) = yield from send(
+            for _ in range(2):  # loaded; and without its flag line where the server lacks it
+                if not (isinstance(reply, ErrorReply) and reply.kind == "NOSCRIPT") and not (
+                    self.scripts.lacks_flags(reply)
+                ):
+                    break
+                (reply,) = yield from send(
                     key, [self.scripts.loaded(commands[i])], where, self.reconnect
                 )
+                replies[i] = reply
         return replies
 
     def send_all(self, sends: Sequence[Send], where: Where) -> Op[list[list[Any]]]:
@@ -363,6 +368,10 @@ class Core:
         """The hashes at ``keys`` (one request's) as one consistent snapshot: HGETALLs in
         one MULTI..EXEC, which costs the server less than the same reads inside Lua."""
         where = {"request_id": rid, "key": keys[0]}
+        if len(keys) == 1:  # atomic alone; and Redis queues nothing in a MULTI at maxmemory
+            replies = yield from self.send(keys[0], [("HGETALL", keys[0])], where)
+            raise_error_replies(replies, where)
+            return [hash_reply(replies[0])]
         commands: list[Command] = [("MULTI",), *(("HGETALL", k) for k in keys), ("EXEC",)]
         replies = yield from self.send(keys[0], commands, where)
         raise_error_replies(replies, where)
@@ -467,36 +476,6 @@ class Core:
     def forget(self, rid: str) -> None:
         with self._topology_lock:
             self._topologies.pop(rid, None)
-
-
-def pairs(fields: Mapping[str, bytes]) -> list[Any]:
-    """A hash's fields as the flat field, value, ... list HSET and the scripts take."""
-    out: list[Any] = []
-    for name, value in fields.items():
-        out += [name, value]
-    return out
-
-
-def join_ids(ids: Sequence[str]) -> bytes:
-    """Worker graph ids as the scripts keep them in one field: "<bytes>:<id>" each."""
-    out = b""
-    for id_ in ids:
-        raw = id_.encode()
-        out += b"%d:%s" % (len(raw), raw)
-    return out
-
-
-def deadline_member(rid: str, partition: str) -> str:
-    # Request ids hold no spaces (validated), so the first space splits the member.
-    return f"{rid} {partition}"
-
-
-def fence_args(fence: Lease | None, target: str) -> list[Any]:
-    """The (what, token) arguments of a write's fence check (see update_fields.lua):
-    ``target`` is the partition the write belongs to, '*' for the request, '-' for none."""
-    if fence is None:
-        return [target, ""]
-    return [fence.partition if target == "*" else target, fence.token]
 
 
 def window(core: Core) -> tuple[float, float]:

@@ -15,7 +15,8 @@ from store.errors import (
     ValidationError,
 )
 from store.keys import MAX_NAME_LENGTH, split_connection_name, validate_name, validate_request_id
-from store.ops.core import VERSION, Core, fence_args, pairs
+from store.ops.args import fence_args, pairs
+from store.ops.core import VERSION, Core
 from store.ops.effects import Op
 from store.records import Lease
 

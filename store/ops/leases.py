@@ -37,10 +37,10 @@ from store.errors import (
     ValidationError,
 )
 from store.keys import validate_name, validate_request_id
-from store.ops.args import check_replica_id
+from store.ops.args import check_replica_id, deadline_member
 from store.ops.batch import gather
 from store.ops.calls import ScriptCall, hash_reply
-from store.ops.core import VERSION, Core, deadline_member
+from store.ops.core import VERSION, Core
 from store.ops.effects import Op
 from store.records import Lease, Step
 

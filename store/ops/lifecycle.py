@@ -17,8 +17,9 @@ from store.errors import (
     ValidationError,
 )
 from store.keys import connection_name, split_connection_name, validate_name, validate_request_id
+from store.ops.args import deadline_member, join_ids
 from store.ops.calls import ScriptCall
-from store.ops.core import VERSION, Core, Topology, deadline_member, join_ids
+from store.ops.core import VERSION, Core, Topology
 from store.ops.effects import Op, Send
 from store.ops.leases import check_in_arg, earlier_hints
 from store.records import Lease, RequestRecord
@@ -224,10 +225,9 @@ def _delete(core: Core, rid: str, fence: Lease | None, *, guarded: bool) -> Op[b
         Send(keys.index, [("ZREM", keys.index, rid)]),
         Send(keys.finished, [("ZREM", keys.finished, rid)]),
     ]
-    if partitions:
+    if partitions:  # a plain ZREM, which Redis runs on a full server (the hint script not)
         members = [deadline_member(rid, p) for p in partitions]
-        hint = ScriptCall("hint", [keys.deadlines], ["REM", 0, *members])
-        cleanup.append(Send(keys.deadlines, [hint.command(core.scripts)]))
+        cleanup.append(Send(keys.deadlines, [("ZREM", keys.deadlines, *members)]))
     yield from core.send_all(cleanup, where)
     return held
 

@@ -1,3 +1,4 @@
+#!lua
 -- Raise an integer field to a value, never lowering it (idempotent by nature).
 -- KEYS[1] the record hash
 -- ARGV[1] schema version  ARGV[2] the field  ARGV[3] the value it must reach at least
