@@ -18,6 +18,7 @@ from typing import Any
 
 from store.backoff import RetryPolicy
 from store.errors import (
+    CorruptRecordError,
     StoreConnectionError,
     StoreError,
     StoreFullError,
@@ -230,12 +231,52 @@ def raise_error_replies(replies: Sequence[Any], where: Where) -> None:
             raise error_for(reply, where)
 
 
+# A script that stopped on a runtime error ("user_script:12: attempt to compare nil with
+# number"; fakeredis: "Error running script"), or a command that met a value of the wrong
+# type or form ("hash value is not an integer"): the store's scripts handle every value the
+# store writes, so what they stopped on is damage.
+_DAMAGE = re.compile(r"WRONGTYPE|user_script|Error running script|is not an integer")
+
+
 def error_for(reply: ErrorReply, where: Where) -> StoreError:
-    """The typed error of an error reply: ``StoreFullError`` at maxmemory, else
-    ``StoreError``."""
+    """The typed error of an error reply: ``StoreFullError`` at maxmemory,
+    ``CorruptRecordError`` when the stored data is damaged, else ``StoreError``."""
     if reply.kind == "OOM":
         return StoreFullError(reply.message, **where)
+    if reply.kind in ("ERR", "WRONGTYPE") and _DAMAGE.search(reply.message):
+        return CorruptRecordError(f"the stored data is damaged: {reply.message}", **where)
     return StoreError(f"Redis refused a command: {reply.message}", **where)
+
+
+def raise_wrong_type(commands: Sequence[Command], replies: Sequence[Any], where: Where) -> None:
+    """Raise ``CorruptRecordError`` naming the key, where Redis answered a command (also one
+    queued in a MULTI) that its key holds another type than the store keeps there."""
+    queued: list[Command] = []
+    for command, reply in zip(commands, replies, strict=False):
+        if command[0] == "MULTI":
+            queued = []
+        elif command[0] == "EXEC" and type(reply) is list:
+            raise_wrong_type(queued, reply, where)
+        else:
+            queued.append(command)
+            if isinstance(reply, ErrorReply) and "WRONGTYPE" in reply.message:
+                key = _key_of(command)
+                said = reply.message
+                raise CorruptRecordError(
+                    f"the key holds another Redis type than the store keeps there ({said})",
+                    **{**where, "key": key if key is not None else where.get("key")},
+                )
+
+
+def _key_of(command: Command) -> str | None:
+    """The (first) key a command names, as text."""
+    if command[0] in ("EVAL", "EVALSHA"):
+        return _text(command[3]) if len(command) > 3 and int(command[2]) > 0 else None
+    return _text(command[1]) if len(command) > 1 else None
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def script(
@@ -291,7 +332,7 @@ def script(
             results = list(replies)
         if _noscript(results[0]) or scripts.lacks_flags(results[0]):
             continue  # the server was restarted or flushed its script cache, or is older
-        raise_error_replies(results, where)
+        raise_error_replies(results, {**where, "key": where.get("key") or keys[0]})
         return results
     raise StoreError(f"Redis does not keep script {name!r} after loading it", **where)
 

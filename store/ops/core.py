@@ -43,6 +43,7 @@ from store.errors import (
 )
 from store.keys import KeySpace
 from store.observe import Instruments
+from store.ops import damage
 from store.ops.calls import (
     DEFAULT_RECONNECT,
     BusyWait,
@@ -53,6 +54,7 @@ from store.ops.calls import (
     hash_reply,
     needs_resend,
     raise_error_replies,
+    raise_wrong_type,
     script,
     send,
 )
@@ -235,7 +237,9 @@ class Core:
         the server lacks (NOSCRIPT: it restarted or flushed its cache) is loaded and that
         command alone sent again."""
         replies = yield from send(key, commands, where, self.reconnect)
-        return (yield from self._load_missing(key, commands, replies, where))
+        replies = yield from self._load_missing(key, commands, replies, where)
+        raise_wrong_type(commands, replies, where)
+        return replies
 
     def _load_missing(
         self, key: str, commands: Sequence[Command], replies: list[Any], where: Where
@@ -262,6 +266,7 @@ class Core:
                 replies = yield from self.send(one.key, one.commands, where)
             else:
                 replies = yield from self._load_missing(one.key, one.commands, replies, where)
+                raise_wrong_type(one.commands, replies, where)
             out.append(replies)
         return out
 
@@ -303,7 +308,13 @@ class Core:
         with the first try (see ``store.ops.calls.script``).
         """
         where = {"request_id": rid, "key": keys[0]}
-        replies = yield from self.script(name, keys, args, where, reads, alongside)
+        try:
+            replies = yield from self.script(name, keys, args, where, reads, alongside)
+        except CorruptRecordError as e:  # the script stopped on damage: find which key
+            found = yield from damage.locate(self, rid, keys)
+            if found is None:
+                raise
+            raise found from e
         reply = replies[0]
         status = reply[0]
         if status == b"NOKEY":
@@ -313,13 +324,18 @@ class Core:
         if status == b"FENCED":
             self.instruments.count("fenced")
             log.info("%s refused for request %s: fenced (current token %s)", name, rid, reply[1])
+            lease_key = self.keys.lease(rid)
+            current = damage.stored_int(reply[1], request_id=rid, key=lease_key, field="token")
             if fence is None:  # an unfenced write while a replica drives the partition
-                partition = reply[2].decode() if len(reply) > 2 else None
-                raise FencedError(
-                    0, int(reply[1]), request_id=rid, key=self.keys.lease(rid),
-                    partition=partition,
-                )  # fmt: skip
-            raise FencedError(fence.token, int(reply[1]), request_id=rid, key=self.keys.lease(rid))
+                partition = reply[2].decode(errors="replace") if len(reply) > 2 else None
+                raise FencedError(0, current, request_id=rid, key=lease_key, partition=partition)
+            raise FencedError(fence.token, current, request_id=rid, key=lease_key)
+        if status == b"CORRUPT":  # the script found a stored value out of its domain
+            field = reply[1].decode(errors="replace")
+            raise CorruptRecordError(
+                f"stored {field} is not a value the store writes",
+                request_id=rid, key=keys[0], field=field,
+            )  # fmt: skip
         if status == b"RANGE":
             field = reply[1].decode()
             raise ValidationError(

@@ -17,6 +17,7 @@ from store.errors import (
 from store.keys import MAX_NAME_LENGTH, split_connection_name, validate_name, validate_request_id
 from store.ops.args import fence_args, pairs
 from store.ops.core import VERSION, Core
+from store.ops.damage import stored_int
 from store.ops.effects import Op
 from store.records import Lease
 
@@ -128,7 +129,7 @@ def add_tokens(
     keys = [core.keys.connection(rid, connection), core.keys.ops(rid)]
     args = [VERSION, count, f"tokens:{op_id or core.new_op_id()}", core.dedupe_window]
     reply = yield from core.run(rid, "add_tokens", keys, args, ConnectionNotFound)
-    return int(reply[1])
+    return stored_int(reply[1], request_id=rid, key=keys[0], field="token_count")
 
 
 def raise_consumed_count(core: Core, request_id: str, connection: str, count: int) -> Op[int]:
@@ -139,4 +140,4 @@ def raise_consumed_count(core: Core, request_id: str, connection: str, count: in
     keys = [core.keys.connection(rid, connection)]
     args = [VERSION, "consumed_count", count]
     reply = yield from core.run(rid, "raise_field", keys, args, ConnectionNotFound)
-    return int(reply[1])
+    return stored_int(reply[1], request_id=rid, key=keys[0], field="consumed_count")

@@ -143,10 +143,12 @@ def _validate_topology(
 
 
 def list_requests(core: Core) -> Op[list[str]]:
-    """Ids of the requests held, oldest first (read from the index, never a SCAN)."""
+    """Ids of the requests held, oldest first (read from the index, never a SCAN). A
+    damaged entry that is no UTF-8 comes back with its bad bytes escaped (``\\xff``):
+    reading it then says it is no request id."""
     index = core.keys.index
     (ids,) = yield from core.send(index, [("ZRANGE", index, 0, -1)], {})
-    return [rid.decode() for rid in ids]
+    return [rid.decode(errors="backslashreplace") for rid in ids]
 
 
 def request_exists(core: Core, request_id: str) -> Op[bool]:
