@@ -21,8 +21,12 @@ _DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)", re.MU
 @cache
 def source(name: str) -> str:
     """The full source of script ``name`` (file ``<name>.lua``), with the helpers it needs."""
-    folder = resources.files(__name__)
-    body = folder.joinpath(f"{name}.lua").read_text()
+    return assemble(resources.files(__name__).joinpath(f"{name}.lua").read_text())
+
+
+def assemble(body: str) -> str:
+    """A script's text (``body``, as in its file) with the helpers it needs in front of it,
+    and its flag line, if any, still first."""
     flags = ""
     if body.startswith("#!"):
         flags, body = body.split("\n", 1)
