@@ -1,17 +1,18 @@
 """A Redis at ``maxmemory`` (``noeviction``): every write refused whole, then work resumes.
 
 A private ``redis-server`` holds a request in the middle of a pass, then is filled with
-other keys until it refuses writes. Create, report (alone and with its step), take_step,
-merge (server-side and optimistic), claim, partition update, final output and finish each raise
-``StoreFullError`` and leave every key as it was; reads and deletes still work (a delete
-frees memory: it is one of the fixes the error names). Once ``maxmemory`` is raised, the
-same writes succeed.
+other keys until it refuses writes. Create, report (alone and with its step), merge
+(server-side and optimistic), claim, partition update, final output, finish, and a lease's
+take_step, renewal and release each raise ``StoreFullError`` and leave every key as it was;
+single-record reads and deletes still work (a delete frees memory: it is one of the fixes
+the error names). Once ``maxmemory`` is raised, the same writes succeed.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ import redis
 
 from mstar.conductor.request_info import CurrentForwardConductorMetadata, PartitionState
 from mstar.engine.resources import PublishedPositionInfo
-from store import Codec, Step, StoreError, StoreFullError
+from store import Codec, Lease, Step, StoreError, StoreFullError
 from tests.servers import RedisServer
 from tests.stores import Stores
 from tests.strategies import SumInfo, user_registry
@@ -86,6 +87,12 @@ WRITES: list[tuple[str, Write]] = [
     ("update_partition", lambda s: s.update_partition(RID, "llm", is_done=False)),
     ("finish_request(keep_for)", lambda s: s.finish_request(RID, keep_for=60)),
 ]  # fmt: skip
+# Writes under a lease (on request "held", claimed before the server filled up).
+LEASE_WRITES: list[tuple[str, Callable[[Any, Lease], Any]]] = [
+    ("take_step", lambda s, lease: s.take_step(lease, Step(META, ("wg",)))),
+    ("renew_lease", lambda s, lease: s.renew_lease(lease, 30.0)),
+    ("release_lease", lambda s, lease: s.release_lease(lease)),
+]
 
 
 def test_a_full_server_refuses_every_write_whole_and_takes_them_once_freed(
@@ -99,17 +106,20 @@ def test_a_full_server_refuses_every_write_whole_and_takes_them_once_freed(
     stepped = report(store, 2, then_step=None)
     assert not stepped.pass_complete
     create(store, "doomed")
+    create(store, "held")
+    lease = store.renew_lease(store.claim_step("held", "llm", "me"), 30.0)
     fill(client)
     before = snapshot(client)
 
     refused = {}
-    for name, write in WRITES:
+    writes = [*WRITES, *((name, partial(w, lease=lease)) for name, w in LEASE_WRITES)]
+    for name, write in writes:
         with pytest.raises(StoreFullError) as caught:
             write(store)
         refused[name] = caught.value
         assert snapshot(client) == before, f"{name} wrote under OOM"
     for error in refused.values():
-        assert error.request_id in (RID, "new")
+        assert error.request_id in (RID, "new", "held")
         assert "maxmemory" in str(error) and "delete finished requests" in str(error)
 
     # Single-record reads still answer, and a delete (which frees memory) runs, from a
@@ -129,6 +139,8 @@ def test_a_full_server_refuses_every_write_whole_and_takes_them_once_freed(
     time.sleep(0.3)  # the step's lease ends with the step; its check time comes
     store.schedule_check(RID, "llm", 0)
     assert store.claim_step(RID, "llm", "other") is not None
+    store.release_lease(lease)
+    assert "llm" not in store.leases("held")
     client.close()
 
 
