@@ -289,3 +289,25 @@ def test_ls_top_and_history_report_a_damaged_request_and_go_on(
     assert damaged.code == 1 and damaged.out == ""
     assert damaged.err.count("\n") == 1 and repr(store.keys.history("bad-1")) in damaged.err
     assert run("history", "good-1").code == 0
+
+
+@pytest.mark.fake
+@pytest.mark.parametrize("held", [b"abc", b"", b"-5", b"1.5", b"9007199254740993", b"\xff"])
+def test_a_stored_pass_out_of_its_domain_is_named_by_every_writer(held: bytes) -> None:
+    """A partition's fwd_pass_number that is no pass number: the report, the advance and
+    the step each raise ``CorruptRecordError`` naming the partition's key and the field."""
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    store = make_store(client)
+    lease = live_request(store)  # the lease on codec, at pass 0
+    key = store.keys.partition(RID, "codec")
+    client.hset(key, "fwd_pass_number", held)
+    writers: list[Callable[[], Any]] = [
+        lambda: store.record_worker_report(
+            RID, "codec", fwd_pass=0, worker_graph_id="wg", rank=0, num_ranks=1),
+        lambda: store.advance_partition(RID, "codec", from_pass=0, metadata=META, fence=lease),
+        lambda: store.take_step(lease, STEP),
+    ]  # fmt: skip
+    for write in writers:
+        with pytest.raises(CorruptRecordError) as damaged:
+            write()
+        assert (damaged.value.key, damaged.value.field) == (key, "fwd_pass_number")

@@ -28,7 +28,7 @@ from mstar.conductor.request_info import (
 from mstar.engine.resources import PublishedInfo
 from store import scripts as script_files
 from store.backoff import RetryPolicy
-from store.codec import Codec
+from store.codec import Codec, domains
 from store.codec.layout import RecordLayout
 from store.codec.published import PublishLayout, check_label
 from store.errors import (
@@ -325,17 +325,15 @@ class Core:
             self.instruments.count("fenced")
             log.info("%s refused for request %s: fenced (current token %s)", name, rid, reply[1])
             lease_key = self.keys.lease(rid)
-            current = damage.stored_int(reply[1], request_id=rid, key=lease_key, field="token")
+            current = damage.stored_int(
+                reply[1], domains.FENCING_TOKEN, request_id=rid, key=lease_key, field="token"
+            )
             if fence is None:  # an unfenced write while a replica drives the partition
                 partition = reply[2].decode(errors="replace") if len(reply) > 2 else None
                 raise FencedError(0, current, request_id=rid, key=lease_key, partition=partition)
             raise FencedError(fence.token, current, request_id=rid, key=lease_key)
         if status == b"CORRUPT":  # the script found a stored value out of its domain
-            field = reply[1].decode(errors="replace")
-            raise CorruptRecordError(
-                f"stored {field} is not a value the store writes",
-                request_id=rid, key=keys[0], field=field,
-            )  # fmt: skip
+            raise damage.refused_value(reply[1], request_id=rid, key=keys[0])
         if status == b"RANGE":
             field = reply[1].decode()
             raise ValidationError(

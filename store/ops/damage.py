@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from store.codec.domains import IntDomain, check_stored
 from store.codec.leases import decode_leases
 from store.errors import CorruptRecordError, StoreError
 from store.ops.effects import Op
@@ -20,12 +21,14 @@ if TYPE_CHECKING:
     from store.ops.core import Core
 
 
-def stored_int(raw: Any, **where: str | None) -> int:
-    """An integer a script read from the request and replied with; damage if it is not one."""
+def stored_int(raw: Any, domain: IntDomain, **where: str | None) -> int:
+    """An integer a script read from the request and replied with; damage if it is not
+    one, or is outside ``domain``."""
     try:
-        return int(raw)
+        value = int(raw)
     except (TypeError, ValueError) as e:
         raise CorruptRecordError(f"stored value {raw!r} is not an integer", **where) from e
+    return check_stored(value, domain, what=domain.name, **where)
 
 
 def stored_float(raw: Any, **where: str | None) -> float:
@@ -37,6 +40,13 @@ def stored_float(raw: Any, **where: str | None) -> float:
     if value != value or value in (float("inf"), float("-inf")):
         raise CorruptRecordError(f"stored value {raw!r} is not a finite number", **where)
     return value
+
+
+def refused_value(field: bytes, **where: str | None) -> CorruptRecordError:
+    """What a script's ``{'CORRUPT', field}`` says: the value held at ``field`` is none the
+    store writes (nothing was written)."""
+    name = field.decode(errors="replace")
+    return CorruptRecordError(f"stored {name} is not a value the store writes", **where, field=name)
 
 
 @contextmanager

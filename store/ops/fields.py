@@ -129,7 +129,7 @@ def add_tokens(
     keys = [core.keys.connection(rid, connection), core.keys.ops(rid)]
     args = [VERSION, count, f"tokens:{op_id or core.new_op_id()}", core.dedupe_window]
     reply = yield from core.run(rid, "add_tokens", keys, args, ConnectionNotFound)
-    return stored_int(reply[1], request_id=rid, key=keys[0], field="token_count")
+    return stored_int(reply[1], domains.TOKENS, request_id=rid, key=keys[0], field="token_count")
 
 
 def raise_consumed_count(core: Core, request_id: str, connection: str, count: int) -> Op[int]:
@@ -140,4 +140,4 @@ def raise_consumed_count(core: Core, request_id: str, connection: str, count: in
     keys = [core.keys.connection(rid, connection)]
     args = [VERSION, "consumed_count", count]
     reply = yield from core.run(rid, "raise_field", keys, args, ConnectionNotFound)
-    return stored_int(reply[1], request_id=rid, key=keys[0], field="consumed_count")
+    return stored_int(reply[1], domains.TOKENS, request_id=rid, key=keys[0], field="consumed_count")

@@ -41,7 +41,7 @@ from store.ops.args import check_replica_id, deadline_member
 from store.ops.batch import gather
 from store.ops.calls import ScriptCall, hash_reply
 from store.ops.core import VERSION, Core
-from store.ops.damage import reading
+from store.ops.damage import reading, stored_int
 from store.ops.effects import Op
 from store.records import Lease, Step
 
@@ -171,8 +171,9 @@ def _step(
         alongside=step_hint(core, rid, name, check),
     )  # fmt: skip
     if reply[0] == b"STALE":
-        with reading(request_id=rid, key=script_keys[0], field="fwd_pass_number"):
-            current = int(reply[1])
+        current = stored_int(
+            reply[1], domains.PASS, request_id=rid, key=script_keys[0], field="fwd_pass_number"
+        )
         raise StalePassError(lease.pass_number, current, request_id=rid, key=script_keys[0])
     if reply[0] == b"OK":  # not a resend recognised: a later lease may own the entry now
         yield from index_after_step(core, rid, name, check)

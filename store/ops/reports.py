@@ -26,7 +26,7 @@ from store.keys import validate_name, validate_request_id
 from store.ops.args import check_replica_id
 from store.ops.batch import gather
 from store.ops.core import VERSION, Core
-from store.ops.damage import reading
+from store.ops.damage import reading, stored_int
 from store.ops.effects import Op
 from store.ops.leases import check_in_arg, index_after_report, report_hint
 from store.ops.merges import merge_publish_info
@@ -270,7 +270,10 @@ def _outcome(
     with reading(request_id=rid, key=key):  # its numbers come from the request
         status = reply[0]
         if status == b"STALE":
-            raise StalePassError(fwd_pass, int(reply[1]), request_id=rid, key=key)
+            current = stored_int(
+                reply[1], domains.PASS, request_id=rid, key=key, field="fwd_pass_number"
+            )
+            raise StalePassError(fwd_pass, current, request_id=rid, key=key)
         if status == b"NOWG":
             raise UnknownWorkerGraphError(
                 f"worker graph {wg!r} is not in the current forward pass",
@@ -410,7 +413,9 @@ def advance_partition(
     reply = yield from core.run(
         rid, "advance_partition", script_keys, args, PartitionNotFound, fence
     )
-    with reading(request_id=rid, key=key, field="fwd_pass_number"):
-        if reply[0] == b"STALE":
-            raise StalePassError(from_pass, int(reply[1]), request_id=rid, key=key)
-        return int(reply[1]) if reply[0] == b"OK" else from_pass + 1
+    if reply[0] == b"DUP":
+        return from_pass + 1
+    current = stored_int(reply[1], domains.PASS, request_id=rid, key=key, field="fwd_pass_number")
+    if reply[0] == b"STALE":
+        raise StalePassError(from_pass, current, request_id=rid, key=key)
+    return current
