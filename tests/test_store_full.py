@@ -48,12 +48,16 @@ def report(store: Any, rank: int, **options: Any) -> Any:
 
 
 def fill(client: redis.Redis) -> int:
-    """Write filler keys (outside the store's namespace) until Redis refuses one."""
+    """Write filler keys (outside the store's namespace) until Redis refuses one; then set
+    the limit 1 MB under what is used, so that the few kilobytes used memory moves by (a
+    client's buffers) never take it back under the limit mid-test."""
     client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 4_000_000)
     for i in range(100_000):
         try:
             client.set(f"filler:{i}", FILLER)
         except redis.exceptions.OutOfMemoryError:
+            used = int(client.info("memory")["used_memory"])
+            client.config_set("maxmemory", used - 1_000_000)
             return i
     raise AssertionError("Redis never refused a write")
 
