@@ -126,7 +126,7 @@ def pass_table(client: redis.Redis, url: str, rounds: int, per_round: int) -> li
     ]
     for name, change in PROBES.items():
         probe = change(body)
-        sha = client.script_load("".join(scripts._helpers_for(probe)) + "\n" + probe)
+        sha = client.script_load(scripts.assemble(probe))
         variants.append((name, [[c[0], sha.encode(), *c[2:]] for c in calls], True))
     usec: collections.Counter[str] = collections.Counter()
     passes: collections.Counter[str] = collections.Counter()

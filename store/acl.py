@@ -4,9 +4,10 @@ One list, read by ``mstar-store doctor`` to check the connected user and by the 
 ACL line (``acl_rules``), so the two cannot drift apart. It holds what the store's Python
 sends, what its Lua scripts call (a script's ``redis.call`` is checked against the user's
 ACL too), what the tools send (``migrate``'s SCAN, ``top``'s INFO, ``history``'s XRANGE),
-and what redis-py sends for the store: a cluster client's CLUSTER SLOTS, COMMAND and
-ASKING. ``tests/test_acl.py`` derives the scripts' commands from the Lua sources and checks
-they are all here.
+the TYPE the store asks of a script's keys when the script stopped on damage, and what
+redis-py sends for the store: a cluster client's CLUSTER SLOTS, COMMAND and ASKING.
+``tests/test_acl.py`` derives the scripts' commands from the Lua sources and checks they
+are all here.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ PROBES: dict[str, tuple[str, ...]] = {
     "ZRANGEBYSCORE": ("{key}", "0", "1"), "ZREVRANGE": ("{key}", "0", "1"),
     "ZREVRANGEBYSCORE": ("{key}", "1", "0"), "ZREM": ("{key}", "m"),
     "ZREMRANGEBYSCORE": ("{key}", "0", "1"), "ZSCORE": ("{key}", "m"),
-    "ZSCAN": ("{key}", "0"), "XADD": ("{key}", "*", "f", "v"),
+    "ZSCAN": ("{key}", "0"), "XADD": ("{key}", "*", "f", "v"), "TYPE": ("{key}",),
     "XTRIM": ("{key}", "MAXLEN", "1"), "XRANGE": ("{key}", "-", "+"), "WATCH": ("{key}",),
     "EVAL": ("return 1", "1", "{key}"), "EVALSHA": ("e0e1f9fabfc9d4800c877a703b823ac0578ff8db",
                                                     "1", "{key}"),

@@ -100,6 +100,7 @@ class AsyncRequestStore(StoreSettings):
     list_requests = async_method(lifecycle.list_requests)
     request_exists = async_method(lifecycle.request_exists)
     delete_request = async_method(lifecycle.delete_request)
+    force_delete_request = async_method(lifecycle.force_delete_request)
     finish_request = async_method(lifecycle.finish_request)
     kept_until = async_method(lifecycle.kept_until)
     reap = async_method(lifecycle.reap)

@@ -186,6 +186,26 @@ class TransactionConflictError(StoreError):
         )
 
 
+class StoreFullError(StoreError):
+    """Redis refused a command because its used memory is over ``maxmemory`` (with the
+    policy ``noeviction``, the only one the store runs on): nothing of it was applied.
+
+    Every write is refused whole, and so is a read of several keys at once (Redis queues
+    no command of a MULTI at the limit); single-record reads and deletes still run. Raise
+    ``maxmemory`` (``CONFIG SET maxmemory``), free memory, or delete finished requests
+    (``delete_request``, ``reap``), then send the call again.
+    """
+
+    def __init__(self, said: str, **where: str | None) -> None:
+        self.said = said
+        super().__init__(
+            "Redis refused the command, which changed nothing: its used memory is over "
+            "maxmemory. Raise maxmemory, free memory, or delete finished requests "
+            f"(Redis said: {said})",
+            **where,
+        )
+
+
 class StoreConnectionError(StoreError, ConnectionError):
     """Redis could not be reached, or did not answer, within the store's ``Reconnect``
     bound; ``waited`` (seconds) and ``tries`` say what the call did, where it counted."""

@@ -222,6 +222,18 @@ class KeySpace:
         """``<ns>:{<rid>}:history``: the request's capped timeline (a stream)."""
         return f"{self.request_prefix(request_id)}history"
 
+    def redis_type(self, key: str) -> str:
+        """The Redis type the store keeps at ``key`` (one of a request's, or an index), as
+        ``TYPE`` names it."""
+        tail = key.rsplit("}:", 1)[-1] if "}:" in key else key[len(self.namespace) + 1 :]
+        if tail.startswith("merging:"):
+            return "string"
+        if tail in ("ops", "requests", "deadlines", "finished", "replicas"):
+            return "zset"
+        if tail == "history":
+            return "stream"
+        return "hash"
+
     def request_keys(
         self, request_id: str, partitions: list[str], connections: list[str]
     ) -> list[str]:

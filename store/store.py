@@ -18,7 +18,8 @@ advance_partition          one script, compare-and-set on the pass     guarded: 
                                                                        the pass check
 merge_publish_info         optimistic WATCH/MULTI/EXEC, kinds merge    guarded: op id
                            with their own ``update``
-delete_request             UNLINK of the request's keys                idempotent by nature
+delete_request             one script: UNLINK of the request's keys,   idempotent by nature
+                           fenced (``force_delete_request``: not)
 =========================  ==========================================  ======================
 
 An op id is generated per call unless the caller passes one; a caller that may deliver the
@@ -215,6 +216,7 @@ class RequestStore(StoreSettings):
     list_requests = sync_method(lifecycle.list_requests)
     request_exists = sync_method(lifecycle.request_exists)
     delete_request = sync_method(lifecycle.delete_request)
+    force_delete_request = sync_method(lifecycle.force_delete_request)
     finish_request = sync_method(lifecycle.finish_request)
     kept_until = sync_method(lifecycle.kept_until)
     reap = sync_method(lifecycle.reap)

@@ -36,6 +36,19 @@ def test_exact_keys() -> None:
     assert KEYS.replicas == "ns:replicas"
 
 
+def test_the_redis_type_of_every_key() -> None:
+    """What ``TYPE`` must answer at each key (a script that met another one names it)."""
+    keys = KeySpace("ns:a")
+    hashes = [keys.meta("r"), keys.partition("r", "ops"), keys.publish_info("r", "history"),
+              keys.connection("r", "a->b"), keys.lease("r"), keys.merging_queue("r", "p"),
+              keys.replica_stats("x"), keys.stats_bucket(7)]  # fmt: skip
+    assert {keys.redis_type(k) for k in hashes} == {"hash"}
+    assert keys.redis_type(keys.merging("r", "p")) == "string"
+    assert keys.redis_type(keys.history("r")) == "stream"
+    zsets = [keys.ops("r"), keys.index, keys.deadlines, keys.finished, keys.replicas]
+    assert {keys.redis_type(k) for k in zsets} == {"zset"}
+
+
 def test_default_namespace() -> None:
     assert KeySpace().meta("r") == "mstar:{r}:meta"
 

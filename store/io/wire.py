@@ -114,8 +114,8 @@ def error_reply(error: rex.ResponseError) -> ErrorReply:
                 node = (str(getattr(error, "host", "")), int(getattr(error, "port", 0)))
             return ErrorReply(kind, f"{kind} {message}", node)
     word = message.split(" ", 1)[0]
-    if word == "BUSY":
-        return ErrorReply("BUSY", message)
+    if word in ("BUSY", "WRONGTYPE"):
+        return ErrorReply(word, message)
     return ErrorReply("ERR", message)
 
 

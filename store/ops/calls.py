@@ -10,13 +10,20 @@ been applied the first time: callers send only idempotent or guarded commands th
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from store.backoff import RetryPolicy
-from store.errors import StoreConnectionError, StoreError, TransactionConflictError
+from store.errors import (
+    CorruptRecordError,
+    StoreConnectionError,
+    StoreError,
+    StoreFullError,
+    TransactionConflictError,
+)
 from store.ops.effects import (
     Command,
     Disconnected,
@@ -129,26 +136,64 @@ class Patience:
 DEFAULT_RECONNECT = Reconnect()
 
 
+# A write script's first line declares its flags for Redis 7 (see store/scripts/_lib.lua);
+# a Lua that does not read that line (Redis before 7, fakeredis) fails to compile there.
+_FLAG_LINE = re.compile(r"\A#!lua[^\n]*\n")
+_FLAG_LINE_REFUSED = "unexpected symbol near '#'"
+
+
 @dataclass
 class Scripts:
-    """The store's Lua scripts by name: their source and SHA1 (what EVALSHA names)."""
+    """The store's Lua scripts by name: their source and SHA1 (what EVALSHA names).
 
-    sources: Mapping[str, str]
-    shas: dict[str, str] = field(init=False)
+    ``written`` are the sources with their flag lines (``#!lua``): with them Redis 7 refuses
+    a write script whole, before it runs, when used memory is over ``maxmemory``. A server
+    that cannot compile that line (Redis before 7, fakeredis) says so at the first script
+    it runs (``lacks_flags``), and from then on gets the scripts without it (``flagged``
+    False), with the older rule: refused at the first write that may grow memory.
+    """
+
+    written: Mapping[str, str]
+    flagged: bool = True
+    _variants: tuple[dict[str, str], dict[str, str]] = field(init=False, repr=False)
+    _shas: tuple[dict[str, str], dict[str, str]] = field(init=False, repr=False)
     _by_sha: dict[str, str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.shas = {
-            name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
-            for name, src in self.sources.items()
-        }
-        self._by_sha = {sha: self.sources[name] for name, sha in self.shas.items()}
+        plain = {name: _FLAG_LINE.sub("", src, count=1) for name, src in self.written.items()}
+        self._variants = (dict(self.written), plain)
+        self._shas = (_shas_of(self._variants[0]), _shas_of(plain))
+        self._by_sha = {sha: name for shas in self._shas for name, sha in shas.items()}
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """The sources this server runs (with or without their flag lines)."""
+        return self._variants[0 if self.flagged else 1]
+
+    @property
+    def shas(self) -> dict[str, str]:
+        return self._shas[0 if self.flagged else 1]
 
     def loaded(self, command: Command) -> Command:
         """``command`` with its script's source in place of its SHA (EVAL for EVALSHA)."""
         if command[0] == "EVALSHA" and command[1] in self._by_sha:
-            return ("EVAL", self._by_sha[command[1]], *command[2:])
+            return ("EVAL", self.sources[self._by_sha[command[1]]], *command[2:])
         return command
+
+    def lacks_flags(self, reply: Any) -> bool:
+        """True when ``reply`` is a server's refusal to compile a flag line; the scripts go
+        without flag lines from then on (the caller sends its script again, ``loaded``)."""
+        if isinstance(reply, ErrorReply) and _FLAG_LINE_REFUSED in reply.message:
+            self.flagged = False
+            return True
+        return False
+
+
+def _shas_of(sources: Mapping[str, str]) -> dict[str, str]:
+    return {
+        name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
+        for name, src in sources.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -236,7 +281,55 @@ def _redirect_or_pause(replies: Sequence[Any]) -> ErrorReply | None:
 def raise_error_replies(replies: Sequence[Any], where: Where) -> None:
     for reply in replies:
         if isinstance(reply, ErrorReply):
-            raise StoreError(f"Redis refused a command: {reply.message}", **where)
+            raise error_for(reply, where)
+
+
+# A script that stopped on a runtime error ("user_script:12: attempt to compare nil with
+# number"; fakeredis: "Error running script"), or a command that met a value of the wrong
+# type or form ("hash value is not an integer"): the store's scripts handle every value the
+# store writes, so what they stopped on is damage.
+_DAMAGE = re.compile(r"WRONGTYPE|user_script|Error running script|is not an integer")
+
+
+def error_for(reply: ErrorReply, where: Where) -> StoreError:
+    """The typed error of an error reply: ``StoreFullError`` at maxmemory,
+    ``CorruptRecordError`` when the stored data is damaged, else ``StoreError``."""
+    if reply.kind == "OOM":
+        return StoreFullError(reply.message, **where)
+    if reply.kind in ("ERR", "WRONGTYPE") and _DAMAGE.search(reply.message):
+        return CorruptRecordError(f"the stored data is damaged: {reply.message}", **where)
+    return StoreError(f"Redis refused a command: {reply.message}", **where)
+
+
+def raise_wrong_type(commands: Sequence[Command], replies: Sequence[Any], where: Where) -> None:
+    """Raise ``CorruptRecordError`` naming the key, where Redis answered a command (also one
+    queued in a MULTI) that its key holds another type than the store keeps there."""
+    queued: list[Command] = []
+    for command, reply in zip(commands, replies, strict=False):
+        if command[0] == "MULTI":
+            queued = []
+        elif command[0] == "EXEC" and type(reply) is list:
+            raise_wrong_type(queued, reply, where)
+        else:
+            queued.append(command)
+            if isinstance(reply, ErrorReply) and "WRONGTYPE" in reply.message:
+                key = _key_of(command)
+                said = reply.message
+                raise CorruptRecordError(
+                    f"the key holds another Redis type than the store keeps there ({said})",
+                    **{**where, "key": key if key is not None else where.get("key")},
+                )
+
+
+def _key_of(command: Command) -> str | None:
+    """The (first) key a command names, as text."""
+    if command[0] in ("EVAL", "EVALSHA"):
+        return _text(command[3]) if len(command) > 3 and int(command[2]) > 0 else None
+    return _text(command[1]) if len(command) > 1 else None
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def script(
@@ -261,7 +354,9 @@ def script(
     server that lacked one of them gets it loaded).
     """
     call: Command = ("EVALSHA", scripts.shas[name], len(keys), *keys, *args)
-    for loaded in (False, True):
+    # EVALSHA; EVAL where the server lacks the script; EVAL once more without the flag line
+    # where the server cannot read it (see Scripts).
+    for loaded in (False, True, True):
         if loaded:
             call = ("EVAL", scripts.sources[name], *call[2:])
         commands = [("MULTI",), call, *reads, ("EXEC",)] if reads else [call]
@@ -276,7 +371,10 @@ def script(
             again = [
                 Send(other.keys[0], [other.command(scripts, loaded=isinstance(reply, list))])
                 for other, reply in zip(alongside, others, strict=True)
-                if not isinstance(reply, list) or _noscript(reply[0]) or needs_resend(reply)
+                if not isinstance(reply, list)
+                or _noscript(reply[0])
+                or scripts.lacks_flags(reply[0])
+                or needs_resend(reply)
             ]
             if again:  # once more, now that the server answers; still not waited on twice
                 yield SendMany(again)
@@ -292,9 +390,9 @@ def script(
                 raise StoreError(f"MULTI..EXEC did not run: {results!r}", **where)
         else:
             results = list(replies)
-        if _noscript(results[0]):
-            continue  # the server was restarted or flushed its script cache
-        raise_error_replies(results, where)
+        if _noscript(results[0]) or scripts.lacks_flags(results[0]):
+            continue  # the server was restarted or flushed its script cache, or is older
+        raise_error_replies(results, {**where, "key": where.get("key") or keys[0]})
         return results if wait is None else [*results, waited]
     raise StoreError(f"Redis does not keep script {name!r} after loading it", **where)
 

@@ -20,6 +20,7 @@ from functools import cached_property
 from typing import Any
 
 from store import scripts as script_files
+from store.codec import domains
 from store.codec.layout import RecordLayout
 from store.codec.published import PublishLayout, check_label
 from store.errors import (
@@ -34,6 +35,7 @@ from store.errors import (
 from store.keys import KeySpace
 from store.migrations import RecordKind
 from store.observe import Instruments
+from store.ops import damage
 from store.ops.calls import (
     BusyWait,
     ScriptCall,
@@ -42,6 +44,7 @@ from store.ops.calls import (
     hash_reply,
     needs_resend,
     raise_error_replies,
+    raise_wrong_type,
     script,
     send,
 )
@@ -180,16 +183,23 @@ class Core:
         the server lacks (NOSCRIPT: it restarted or flushed its cache) is loaded and that
         command alone sent again."""
         replies = yield from send(key, commands, where, self.reconnect)
-        return (yield from self._load_missing(key, commands, replies, where))
+        replies = yield from self._load_missing(key, commands, replies, where)
+        raise_wrong_type(commands, replies, where)
+        return replies
 
     def _load_missing(
         self, key: str, commands: Sequence[Command], replies: list[Any], where: Where
     ) -> Op[list[Any]]:
         for i, reply in enumerate(replies):
-            if isinstance(reply, ErrorReply) and reply.kind == "NOSCRIPT":
-                (replies[i],) = yield from send(
+            for _ in range(2):  # loaded; and without its flag line where the server lacks it
+                if not (isinstance(reply, ErrorReply) and reply.kind == "NOSCRIPT") and not (
+                    self.scripts.lacks_flags(reply)
+                ):
+                    break
+                (reply,) = yield from send(
                     key, [self.scripts.loaded(commands[i])], where, self.reconnect
                 )
+                replies[i] = reply
         return replies
 
     def send_all(self, sends: Sequence[Send], where: Where) -> Op[list[list[Any]]]:
@@ -202,6 +212,7 @@ class Core:
                 replies = yield from self.send(one.key, one.commands, where)
             else:
                 replies = yield from self._load_missing(one.key, one.commands, replies, where)
+                raise_wrong_type(one.commands, replies, where)
             out.append(replies)
         return out
 
@@ -245,7 +256,13 @@ class Core:
         with the first try (see ``store.ops.calls.script``).
         """
         where = {"request_id": rid, "key": keys[0]}
-        replies = yield from self.script(name, keys, args, where, reads, alongside, self.wait)
+        try:
+            replies = yield from self.script(name, keys, args, where, reads, alongside, self.wait)
+        except CorruptRecordError as e:  # the script stopped on damage: find which key
+            found = yield from damage.locate(self, rid, keys)
+            if found is None:
+                raise
+            raise found from e
         waited = replies.pop() if self.wait is not None else None
         reply = replies[0]
         status = reply[0]
@@ -256,13 +273,16 @@ class Core:
         if status == b"FENCED":
             self.instruments.count("fenced")
             log.info("%s refused for request %s: fenced (current token %s)", name, rid, reply[1])
+            lease_key = self.keys.lease(rid)
+            current = damage.stored_int(
+                reply[1], domains.FENCING_TOKEN, request_id=rid, key=lease_key, field="token"
+            )
             if fence is None:  # an unfenced write while a replica drives the partition
-                partition = reply[2].decode() if len(reply) > 2 else None
-                raise FencedError(
-                    0, int(reply[1]), request_id=rid, key=self.keys.lease(rid),
-                    partition=partition,
-                )  # fmt: skip
-            raise FencedError(fence.token, int(reply[1]), request_id=rid, key=self.keys.lease(rid))
+                partition = reply[2].decode(errors="replace") if len(reply) > 2 else None
+                raise FencedError(0, current, request_id=rid, key=lease_key, partition=partition)
+            raise FencedError(fence.token, current, request_id=rid, key=lease_key)
+        if status == b"CORRUPT":  # the script found a stored value out of its domain
+            raise damage.refused_value(reply[1], request_id=rid, key=keys[0])
         if status == b"RANGE":
             field = reply[1].decode()
             raise ValidationError(
@@ -313,6 +333,10 @@ class Core:
         """The hashes at ``keys`` (one request's) as one consistent snapshot: HGETALLs in
         one MULTI..EXEC, which costs the server less than the same reads inside Lua."""
         where = {"request_id": rid, "key": keys[0]}
+        if len(keys) == 1:  # atomic alone; and Redis queues nothing in a MULTI at maxmemory
+            replies = yield from self.send(keys[0], [("HGETALL", keys[0])], where)
+            raise_error_replies(replies, where)
+            return [hash_reply(replies[0])]
         commands: list[Command] = [("MULTI",), *(("HGETALL", k) for k in keys), ("EXEC",)]
         replies = yield from self.send(keys[0], commands, where)
         raise_error_replies(replies, where)
@@ -417,36 +441,6 @@ class Core:
     def forget(self, rid: str) -> None:
         with self._topology_lock:
             self._topologies.pop(rid, None)
-
-
-def pairs(fields: Mapping[str, bytes]) -> list[Any]:
-    """A hash's fields as the flat field, value, ... list HSET and the scripts take."""
-    out: list[Any] = []
-    for name, value in fields.items():
-        out += [name, value]
-    return out
-
-
-def join_ids(ids: Sequence[str]) -> bytes:
-    """Worker graph ids as the scripts keep them in one field: "<bytes>:<id>" each."""
-    out = b""
-    for id_ in ids:
-        raw = id_.encode()
-        out += b"%d:%s" % (len(raw), raw)
-    return out
-
-
-def deadline_member(rid: str, partition: str) -> str:
-    # Request ids hold no spaces (validated), so the first space splits the member.
-    return f"{rid} {partition}"
-
-
-def fence_args(fence: Lease | None, target: str) -> list[Any]:
-    """The (what, token) arguments of a write's fence check (see update_fields.lua):
-    ``target`` is the partition the write belongs to, '*' for the request, '-' for none."""
-    if fence is None:
-        return [target, ""]
-    return [fence.partition if target == "*" else target, fence.token]
 
 
 def window(core: Core) -> tuple[float, float]:

@@ -110,8 +110,8 @@ class ErrorReply:
 
     ``kind`` is the reply's first word where it matters to the store (``NOSCRIPT``,
     ``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``, ``LOADING``, ``READONLY``,
-    ``MASTERDOWN``, ``BUSY``, ``OOM``, ``NOPERM``), else ``ERR``. ``node`` is the redirect
-    target of a MOVED or ASK.
+    ``MASTERDOWN``, ``BUSY``, ``OOM``, ``NOPERM``, ``WRONGTYPE``), else ``ERR``. ``node``
+    is the redirect target of a MOVED or ASK.
     """
 
     kind: str

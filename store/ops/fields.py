@@ -15,7 +15,9 @@ from store.errors import (
     ValidationError,
 )
 from store.keys import MAX_NAME_LENGTH, split_connection_name, validate_name, validate_request_id
-from store.ops.core import VERSION, Core, fence_args, pairs
+from store.ops.args import fence_args, pairs
+from store.ops.core import VERSION, Core
+from store.ops.damage import stored_int
 from store.ops.effects import Op
 from store.records import Lease
 
@@ -51,14 +53,21 @@ def update_partition(
     )  # fmt: skip
 
 
-def set_producer_done(core: Core, request_id: str, connection: str) -> Op[None]:
-    """Mark that the producer of a streaming connection will send no more tokens."""
+def set_producer_done(
+    core: Core, request_id: str, connection: str, *, fence: Lease | None = None
+) -> Op[None]:
+    """Mark that the producer of a streaming connection will send no more tokens.
+
+    The producer partition's step decides that, so the write is fenced by its lease:
+    refused (``FencedError``) once ``fence`` was superseded, or without ``fence`` while a
+    replica holds a live lease on the producer partition.
+    """
     rid = validate_request_id(request_id)
-    split_connection_name(connection, request_id=rid)
+    producer, _ = split_connection_name(connection, request_id=rid)
     key = core.keys.connection(rid, connection)
     yield from update_fields(
         core, rid, key, core.connection_layout, {"producer_done": True}, ConnectionNotFound,
-        target="-", what="producer_done",
+        fence, target=producer, what="producer_done",
     )  # fmt: skip
 
 
@@ -120,7 +129,7 @@ def add_tokens(
     keys = [core.keys.connection(rid, connection), core.keys.ops(rid)]
     args = [VERSION, count, f"tokens:{op_id or core.new_op_id()}", core.dedupe_window]
     reply = yield from core.run(rid, "add_tokens", keys, args, ConnectionNotFound)
-    return int(reply[1])
+    return stored_int(reply[1], domains.TOKENS, request_id=rid, key=keys[0], field="token_count")
 
 
 def raise_consumed_count(core: Core, request_id: str, connection: str, count: int) -> Op[int]:
@@ -131,4 +140,4 @@ def raise_consumed_count(core: Core, request_id: str, connection: str, count: in
     keys = [core.keys.connection(rid, connection)]
     args = [VERSION, "consumed_count", count]
     reply = yield from core.run(rid, "raise_field", keys, args, ConnectionNotFound)
-    return int(reply[1])
+    return stored_int(reply[1], domains.TOKENS, request_id=rid, key=keys[0], field="consumed_count")

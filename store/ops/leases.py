@@ -37,10 +37,11 @@ from store.errors import (
     ValidationError,
 )
 from store.keys import validate_name, validate_request_id
-from store.ops.args import check_replica_id
+from store.ops.args import check_replica_id, deadline_member
 from store.ops.batch import gather
 from store.ops.calls import ScriptCall, hash_reply
-from store.ops.core import VERSION, Core, deadline_member
+from store.ops.core import VERSION, Core
+from store.ops.damage import reading, stored_int
 from store.ops.effects import Op
 from store.records import Lease, Step
 
@@ -86,11 +87,12 @@ def claim_step(
     if status in (b"OK", b"MINE"):
         if status == b"OK":
             core.instruments.count("takeovers")
-            log.info("replica %s took over %s/%s at pass %s", holder, rid, name, int(reply[2]))
-        return Lease(
-            rid, name, holder, int(reply[1]), int(reply[2]), float(reply[4]),
-            sends=int(reply[5]), sent_at=float(reply[6]),
-        )  # fmt: skip
+            log.info("replica %s took over %s/%s at pass %s", holder, rid, name, reply[2])
+        with reading(request_id=rid, key=core.keys.lease(rid)):
+            return Lease(
+                rid, name, holder, int(reply[1]), int(reply[2]), float(reply[4]),
+                sends=int(reply[5]), sent_at=float(reply[6]),
+            )  # fmt: skip
     return None  # not due, another replica's, or finished (nothing to recover)
 
 
@@ -169,7 +171,10 @@ def _step(
         alongside=step_hint(core, rid, name, check),
     )  # fmt: skip
     if reply[0] == b"STALE":
-        raise StalePassError(lease.pass_number, int(reply[1]), request_id=rid, key=script_keys[0])
+        current = stored_int(
+            reply[1], domains.PASS, request_id=rid, key=script_keys[0], field="fwd_pass_number"
+        )
+        raise StalePassError(lease.pass_number, current, request_id=rid, key=script_keys[0])
     if reply[0] == b"OK":  # not a resend recognised: a later lease may own the entry now
         yield from index_after_step(core, rid, name, check)
     return reply
@@ -204,8 +209,10 @@ def renew_lease(core: Core, lease: Lease, ttl: float | None = None) -> Op[Lease]
     reply = yield from core.run(
         rid, "renew_lease", keys, args, PartitionNotFound, lease, alongside=alongside
     )
+    with reading(request_id=rid, key=keys[0]):
+        expires = float(reply[1])
     return Lease(
-        rid, lease.partition, lease.holder, lease.token, lease.pass_number, float(reply[1]),
+        rid, lease.partition, lease.holder, lease.token, lease.pass_number, expires,
         sends=lease.sends, sent_at=lease.sent_at,
     )  # fmt: skip
 

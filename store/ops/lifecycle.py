@@ -16,8 +16,9 @@ from store.errors import (
     ValidationError,
 )
 from store.keys import connection_name, split_connection_name, validate_name, validate_request_id
+from store.ops.args import deadline_member, join_ids
 from store.ops.calls import ScriptCall
-from store.ops.core import VERSION, Core, Topology, deadline_member, join_ids
+from store.ops.core import VERSION, Core, Topology
 from store.ops.effects import Op, Send
 from store.ops.leases import check_in_arg, earlier_hints
 from store.records import Lease, RequestRecord
@@ -142,10 +143,12 @@ def _validate_topology(
 
 
 def list_requests(core: Core) -> Op[list[str]]:
-    """Ids of the requests held, oldest first (read from the index, never a SCAN)."""
+    """Ids of the requests held, oldest first (read from the index, never a SCAN). A
+    damaged entry that is no UTF-8 comes back with its bad bytes escaped (``\\xff``):
+    reading it then says it is no request id."""
     index = core.keys.index
     (ids,) = yield from core.send(index, [("ZRANGE", index, 0, -1)], {})
-    return [rid.decode() for rid in ids]
+    return [rid.decode(errors="backslashreplace") for rid in ids]
 
 
 def request_exists(core: Core, request_id: str) -> Op[bool]:
@@ -167,8 +170,22 @@ def kept_until(core: Core, request_id: str) -> Op[float | None]:
     return None if score is None else float(score)
 
 
-def delete_request(core: Core, request_id: str) -> Op[bool]:
-    """Remove the request and all its keys; False if it was not held."""
+def delete_request(core: Core, request_id: str, *, fence: Lease | None = None) -> Op[bool]:
+    """Remove the request and all its keys; False if it was not held.
+
+    Fenced like every write a driving replica relies on: with ``fence``, refused
+    (``FencedError``) once that lease was superseded; without, while any replica holds a
+    live lease on the request. An operator removing an abandoned request whatever its
+    leases say uses ``force_delete_request``.
+    """
+    rid = validate_request_id(request_id)
+    return (yield from _delete(core, rid, fence, guarded=True))
+
+
+def force_delete_request(core: Core, request_id: str) -> Op[bool]:
+    """Remove the request and all its keys even while a replica holds a live lease on it
+    (that replica's next write gets ``RequestNotFound``): for an operator removing a
+    request whose driver is stuck. False if it was not held."""
     rid = validate_request_id(request_id)
     return (yield from _delete(core, rid, None, guarded=False))
 
@@ -211,10 +228,9 @@ def _delete(core: Core, rid: str, fence: Lease | None, *, guarded: bool) -> Op[b
         Send(keys.index, [("ZREM", keys.index, rid)]),
         Send(keys.finished, [("ZREM", keys.finished, rid)]),
     ]
-    if partitions:
+    if partitions:  # a plain ZREM, which Redis runs on a full server (the hint script not)
         members = [deadline_member(rid, p) for p in partitions]
-        hint = ScriptCall("hint", [keys.deadlines], ["REM", 0, *members])
-        cleanup.append(Send(keys.deadlines, [hint.command(core.scripts)]))
+        cleanup.append(Send(keys.deadlines, [("ZREM", keys.deadlines, *members)]))
     yield from core.send_all(cleanup, where)
     return held
 
@@ -267,6 +283,7 @@ def finish_request(
 def reap(core: Core, *, max_age: float, limit: int = 1000) -> Op[list[str]]:
     """Delete requests created more than ``max_age`` seconds ago (abandoned, or kept
     finished ones whose keys expired) and drop their index entries; returns their ids.
+    One that a replica still drives under a live lease is left (and logged).
     """
     domains.check_float(max_age, domains.DURATION, what="max_age")
     domains.check_int(limit, domains.LIMIT, what="limit")
@@ -294,8 +311,8 @@ def reap(core: Core, *, max_age: float, limit: int = 1000) -> Op[list[str]]:
                 {},
             )
             continue
-        try:
-            yield from _delete(core, rid, None, guarded=False)
+        try:  # an old request still driven under a live lease is not abandoned: kept
+            yield from _delete(core, rid, None, guarded=True)
         except StoreConnectionError:
             raise
         except StoreError as e:  # one damaged request does not stop the others

@@ -13,8 +13,9 @@ from store.errors import (
     ValidationError,
 )
 from store.keys import validate_name, validate_request_id
+from store.ops.args import pairs
 from store.ops.calls import hash_reply
-from store.ops.core import VERSION, Core, pairs, window
+from store.ops.core import VERSION, Core, window
 from store.ops.effects import Command, Op
 from store.ops.transaction import Outcome, Plan, optimistic
 from store.schema import VERSION_FIELD

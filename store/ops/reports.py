@@ -24,6 +24,7 @@ from store.keys import validate_name, validate_request_id
 from store.ops.args import check_replica_id
 from store.ops.batch import gather
 from store.ops.core import VERSION, Core
+from store.ops.damage import reading, stored_int
 from store.ops.effects import Op
 from store.ops.leases import check_in_arg, index_after_report, report_hint
 from store.ops.merges import merge_publish_info
@@ -265,47 +266,51 @@ def _outcome(
     reply: list[Any],
     streams: list[str] | None,
 ) -> ReportOutcome:
-    status = reply[0]
-    if status == b"STALE":
-        raise StalePassError(fwd_pass, int(reply[1]), request_id=rid, key=key)
-    if status == b"NOWG":
-        raise UnknownWorkerGraphError(
-            f"worker graph {wg!r} is not in the current forward pass",
-            request_id=rid,
-            key=key,
-            field="current_worker_graph_ids",
-        )
-    token = int(reply[4])
-    lease = stored = stored_consumers = None
-    stepped = int(reply[6]) or None
-    core.instruments.count("reports" if status == b"OK" else "duplicates")
-    if stepped is not None:
-        core.instruments.count("passes")
-    if token:
-        lease = Lease(
-            rid, name, holder, token, fwd_pass, float(reply[5]), int(reply[7]), float(reply[8])
-        )
-        if stepped is None:
-            part, pub = reply[9], reply[10]
+    with reading(request_id=rid, key=key):  # its numbers come from the request
+        status = reply[0]
+        if status == b"STALE":
+            current = stored_int(
+                reply[1], domains.PASS, request_id=rid, key=key, field="fwd_pass_number"
+            )
+            raise StalePassError(fwd_pass, current, request_id=rid, key=key)
+        if status == b"NOWG":
+            raise UnknownWorkerGraphError(
+                f"worker graph {wg!r} is not in the current forward pass",
+                request_id=rid,
+                key=key,
+                field="current_worker_graph_ids",
+            )
+        token = int(reply[4])
+        lease = stored = stored_consumers = None
+        stepped = int(reply[6]) or None
+        core.instruments.count("reports" if status == b"OK" else "duplicates")
+        if stepped is not None:
+            core.instruments.count("passes")
+        if token:
+            lease = Lease(
+                rid, name, holder, token, fwd_pass, float(reply[5]), int(reply[7]), float(reply[8])
+            )
+            if stepped is None:
+                part, pub = reply[9], reply[10]
 
-            def stored() -> PartitionState:
-                return core.decode_partition(rid, name, _pairs(part), _pairs(pub))
+                def stored() -> PartitionState:
+                    return core.decode_partition(rid, name, _pairs(part), _pairs(pub))
 
-        elif streams is not None and len(reply) > 11:  # a step taken here, and asked
-            held = reply[12] if streams else []
+            elif streams is not None and len(reply) > 11:  # a step taken here, and asked
+                held = reply[12] if streams else []
 
-            def stored_consumers() -> dict[str, PartitionState]:
-                return {
-                    consumer: core.decode_partition(rid, consumer, _pairs(fields), {})
-                    for consumer, fields in zip(streams, held, strict=True)
-                    if fields  # gone (the request went, or a stale topology): not here
-                }
+                def stored_consumers() -> dict[str, PartitionState]:
+                    return {
+                        consumer: core.decode_partition(rid, consumer, _pairs(fields), {})
+                        for consumer, fields in zip(streams, held, strict=True)
+                        if fields  # gone (the request went, or a stale topology): not here
+                    }
 
-    # Positional: matching keyword arguments costs this hot path's constructor a third more.
-    return ReportOutcome(
-        status == b"OK", int(reply[1]), bool(reply[2]), bool(reply[3]), lease, stepped, stored,
-        stored_consumers,
-    )  # fmt: skip
+        # Positional: matching keyword arguments costs this hot path's constructor a third more.
+        return ReportOutcome(
+            status == b"OK", int(reply[1]), bool(reply[2]), bool(reply[3]), lease, stepped, stored,
+            stored_consumers,
+        )  # fmt: skip
 
 
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
@@ -407,6 +412,9 @@ def advance_partition(
     reply = yield from core.run(
         rid, "advance_partition", script_keys, args, PartitionNotFound, fence
     )
+    if reply[0] == b"DUP":
+        return from_pass + 1
+    current = stored_int(reply[1], domains.PASS, request_id=rid, key=key, field="fwd_pass_number")
     if reply[0] == b"STALE":
-        raise StalePassError(from_pass, int(reply[1]), request_id=rid, key=key)
-    return int(reply[1]) if reply[0] == b"OK" else from_pass + 1
+        raise StalePassError(from_pass, current, request_id=rid, key=key)
+    return current

@@ -3,6 +3,9 @@
 Redis runs a script's whole body on every call, so a helper the script never calls still
 costs it a closure per call: only the helpers a script refers to (and those they refer
 to) are put in front of it, in the order ``_lib.lua`` defines them.
+
+A script whose file starts with a flag line (``#!lua ...``, Redis 7) keeps it as the very
+first line, before the helpers: Redis reads the flags only there.
 """
 
 from __future__ import annotations
@@ -18,9 +21,17 @@ _DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)", re.MU
 @cache
 def source(name: str) -> str:
     """The full source of script ``name`` (file ``<name>.lua``), with the helpers it needs."""
-    folder = resources.files(__name__)
-    body = folder.joinpath(f"{name}.lua").read_text()
-    return "".join(_helpers_for(body)) + "\n" + body
+    return assemble(resources.files(__name__).joinpath(f"{name}.lua").read_text())
+
+
+def assemble(body: str) -> str:
+    """A script's text (``body``, as in its file) with the helpers it needs in front of it,
+    and its flag line, if any, still first."""
+    flags = ""
+    if body.startswith("#!"):
+        flags, body = body.split("\n", 1)
+        flags += "\n"
+    return flags + "".join(_helpers_for(body)) + "\n" + body
 
 
 @cache

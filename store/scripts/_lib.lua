@@ -1,6 +1,13 @@
 -- Shared helpers, prepended to every script by store/scripts/__init__.py.
 -- Every script checks all it needs before its first write: Redis runs a script atomically but
 -- does not roll back one that fails half way, so a script either writes whole or not at all.
+-- A full server is checked before the first line too: every script that writes starts with
+-- the flag line "#!lua" (Redis 7), so that while used memory is over maxmemory Redis refuses
+-- it whole before it runs. Without that line Redis looks only at the script's first write
+-- that may grow memory, and a first DEL (create_request's) let every write after it through.
+-- "#!lua flags=allow-oom" marks the two that must run on a full server: delete_request,
+-- which frees memory, and replicas (a heartbeat is one score per replica; 'live' reads).
+-- The read-only scripts have no flag line: Redis runs them on a full server as it is.
 -- Times are the server's clock (TIME), in seconds: every replica sees the same one.
 -- A value that is a string already goes to redis.call as that string: Redis formats every
 -- number argument with %.17g, which costs about as much as a call's own argument.

@@ -1,3 +1,4 @@
+#!lua
 -- Add tokens to a streaming connection's token_count, once per operation id.
 -- KEYS[1] the connection hash   KEYS[2] the request's ops sorted set
 -- ARGV[1] schema version  ARGV[2] tokens to add  ARGV[3] op id  ARGV[4] dedupe window (s)

@@ -1,3 +1,4 @@
+#!lua
 -- Move a partition from the pass it is at to its next forward pass, once.
 -- KEYS[1]       the partition hash
 -- KEYS[2]       the request's ops sorted set (dedupe of resent operations)

@@ -1,3 +1,4 @@
+#!lua
 -- Take over partition p's next step when no live lease covers it and its check time has
 -- come (its driver died, or handed it over). A claim resent by the replica that holds the
 -- lease (its reply was lost) gets that lease back.

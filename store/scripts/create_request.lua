@@ -1,3 +1,4 @@
+#!lua
 -- Create every hash of a new request at once, or nothing.
 -- KEYS[1]      the request's meta hash
 -- KEYS[2]      the request's lease hash       KEYS[3] the request's history stream

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Remove a request and every key it holds, in one step.
 -- KEYS[1] the request's meta hash   KEYS[2] its lease hash
 -- KEYS[3..] every other key the request may hold, for the topology the caller knows

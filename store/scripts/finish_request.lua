@@ -1,3 +1,4 @@
+#!lua
 -- The request is done: keep it `keep_for` more seconds for inspection, then let every key
 -- expire; its leases end and recovery no longer looks at it.
 -- KEYS[1] the request's meta hash   KEYS[2] its lease hash   KEYS[3] its history stream

@@ -1,3 +1,4 @@
+#!lua
 -- Schedule recovery's look at partitions in the recovery index, by the server's clock.
 -- KEYS[1] the recovery index (sorted set: "<rid> <partition>" -> when to look)
 -- ARGV[1] mode: 'LT' (only ever earlier), 'XLT' (only ever earlier, and only entries that

@@ -1,3 +1,4 @@
+#!lua
 -- Take a partition's merging claim in turn: optimistic merges that kept losing queue for it
 -- and get it first come, first served, so none of them starves behind luckier ones.
 -- KEYS[1] the partition's merging claim (string: the holder's token, short-lived)

@@ -1,3 +1,4 @@
+#!lua
 -- Merge published infos the server can merge by itself (see store/codec/published.py), once.
 -- KEYS[1] the partition hash (must exist at this schema version)
 -- KEYS[2] the partition's publish-info hash   KEYS[3] the request's ops sorted set

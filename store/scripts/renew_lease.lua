@@ -1,3 +1,4 @@
+#!lua
 -- Extend a lease its holder still has, by `ttl` seconds from now (server clock).
 -- KEYS[1] the request's lease hash
 -- KEYS[2] the recovery index (the lease hash on a cluster: see index_check in _lib.lua)

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Replica heartbeats by the server's clock (sorted set: replica id -> last beat, seconds).
 -- KEYS[1] the registry   ARGV[1] 'beat' (ARGV[2] the replica), 'live' (ARGV[2] seconds:
 -- who beat within that long) or 'prune' (ARGV[2] seconds: forget who was silent that long)

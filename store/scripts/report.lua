@@ -1,3 +1,4 @@
+#!lua
 -- Apply one worker-graph rank report to a partition, once, with its published infos; and
 -- when it completes the pass, grant its replica the lease on the next step, and optionally
 -- take that step at once.

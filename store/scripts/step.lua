@@ -1,3 +1,4 @@
+#!lua
 -- Take a partition's step under its lease, in one call: advance to the next pass (unless
 -- no metadata is given: the current pass is only sent again), record the send, end the
 -- lease and set when recovery looks at the partition next.

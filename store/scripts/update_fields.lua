@@ -1,3 +1,4 @@
+#!lua
 -- Replace attributes of an existing record (setting a value is idempotent by nature).
 -- KEYS[1] the record hash   KEYS[2] the request's lease hash   KEYS[3] its history stream
 -- ARGV[1] schema version

@@ -317,9 +317,9 @@ def test_a_lost_reply_inside_a_multi_step_operation_resumes_it(
     fault: str, proxy: FaultProxy, proxied: Any, direct: RequestStore
 ) -> None:
     """delete_request is two round trips (the request's keys; then its index entries and its
-    recovery hint): losing the hint's reply must not leave any of them behind."""
+    recovery index entries): losing the last reply must not leave any of them behind."""
     scheduled(direct)
-    rule = arm(proxy, fault, script("hint"))
+    rule = arm(proxy, fault, command("ZREM", direct.keys.deadlines))
     assert proxied.delete_request(RID) is True
     assert rule.fired.is_set()
     check_gone(direct, None, True)
