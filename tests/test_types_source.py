@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from store import types as store_types
 from store.errors import ConfigurationError
 from store.types import choose_source, engine_importable
 
@@ -65,3 +66,10 @@ def test_the_checkouts_mstar_link_is_not_the_engine() -> None:
     assert found == "True"  # the link is seen (as a namespace package where no engine is)
     assert importable == str(installed)
     assert source == ("engine" if installed else "bundled")
+
+
+def test_every_name_is_exported_and_loaded() -> None:
+    """__all__, the module map the names are loaded from, and what the module holds agree."""
+    assert set(store_types.__all__) == {"SOURCE", *store_types._MODULES}
+    for name in store_types.__all__:
+        assert hasattr(store_types, name), name

@@ -289,21 +289,23 @@ def to_builtins(state: RequestState, registry: KindRegistry) -> dict[str, Any]:
 
 
 def _plain(value: Any, registry: KindRegistry) -> Any:
-    is_dataclass = dataclasses.is_dataclass(value) and not isinstance(value, type)
-    fields: Any
     if isinstance(value, POLYMORPHIC_BASES) and not isinstance(value, type):
-        # A dataclass field by field, so that a key JSON cannot hold (KVReqConfig's
+        # A dataclass kind field by field, so that a key JSON cannot hold (KVReqConfig's
         # (node, walk) tuples) is shown as text; any other kind as msgspec makes it plain.
         fields = (
-            {f.name: _plain(getattr(value, f.name), registry) for f in dataclasses.fields(value)}
+            _plain_fields(value, registry)
             if dataclasses.is_dataclass(value)
             else msgspec.to_builtins(value, str_keys=True, enc_hook=repr, order="deterministic")
         )
         return {"kind": kind_name(value, registry), "value": fields}
-    if is_dataclass:
-        return {f.name: _plain(getattr(value, f.name), registry) for f in dataclasses.fields(value)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain_fields(value, registry)
     if isinstance(value, Mapping):  # JSON object keys are strings
         return {str(k): _plain(v, registry) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v, registry) for v in value]
     return value  # scalars; sets are sorted by msgspec's deterministic order
+
+
+def _plain_fields(value: Any, registry: KindRegistry) -> dict[str, Any]:
+    return {f.name: _plain(getattr(value, f.name), registry) for f in dataclasses.fields(value)}

@@ -60,10 +60,9 @@ _UNSEEN = frozenset(["<unseen>"])
 
 def _plain_fields(cls: type) -> frozenset[str] | None:
     """The fields of dataclass ``cls`` that hold plain data (None: not a dataclass)."""
-    try:
-        return _plain_by_class[cls]
-    except KeyError:
-        pass
+    plain = _plain_by_class.get(cls, _UNSEEN)
+    if plain is not _UNSEEN:
+        return plain
     plain = None
     if dataclasses.is_dataclass(cls):
         hints = typing.get_type_hints(cls)
@@ -95,9 +94,7 @@ def _needs_tags(value: Any, depth: int) -> bool:
     elif kind is tuple or kind in _names:
         return True
     else:
-        plain = _plain_by_class.get(kind, _UNSEEN)
-        if plain is _UNSEEN:
-            plain = _plain_fields(kind)
+        plain = _plain_fields(kind)
         if not plain:
             return False
         values = [getattr(value, n) for n in plain]

@@ -17,6 +17,7 @@ installed in editable mode. Exit status 1 on the first broken check.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -54,11 +55,7 @@ def snapshot(dist: str) -> dict[str, str]:
         "    out[str(f)] = base64.urlsafe_b64encode(digest).rstrip(b'=').decode()\n"
         "json.dump(out, sys.stdout)\n"
     )
-    import json
-
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True, cwd=tempfile.gettempdir())  # fmt: skip
-    return dict(json.loads(done.stdout))
+    return _fresh_json(code)
 
 
 def recorded(dist: str) -> dict[str, str]:
@@ -68,8 +65,11 @@ def recorded(dist: str) -> dict[str, str]:
         f"d = m.distribution({dist!r})\n"
         "json.dump({str(f): f.hash.value for f in d.files or [] if f.hash}, sys.stdout)\n"
     )
-    import json
+    return _fresh_json(code)
 
+
+def _fresh_json(code: str) -> dict[str, str]:
+    """What ``code`` prints as JSON, run in a new interpreter: it sees what pip just did."""
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, cwd=tempfile.gettempdir())  # fmt: skip
     return dict(json.loads(done.stdout))
