@@ -19,6 +19,7 @@ from store.io.connect import aclose_client, async_client_from_url
 from store.io.wire import describe_client
 from store.observe import Instruments
 from store.ops import fields, lifecycle, merges, reads, reports, server
+from store.ops import conductor as conductor_ops
 from store.ops import leases as lease_ops
 from store.ops.calls import Reconnect
 from store.ops.core import Core
@@ -131,6 +132,19 @@ class AsyncRequestStore(StoreSettings):
     schedule_check = async_method(lease_ops.schedule_check)
     due_steps = async_method(lease_ops.due_steps)
     leases = async_method(lease_ops.leases)
+    # -- a request as the engine's Conductor keeps it (store.conductor)
+    ingest_request = async_method(conductor_ops.ingest_request)
+    apply_worker_graphs_done = async_method(conductor_ops.apply_worker_graphs_done)
+    complete_pass = async_method(conductor_ops.complete_pass)
+    conclude_request = async_method(conductor_ops.conclude_request)
+    apply_conductor_steps = async_method(conductor_ops.apply_conductor_steps)
+    abort_request = async_method(conductor_ops.abort_request)
+    fail_request = async_method(conductor_ops.fail_request)
+    reads_done = async_method(conductor_ops.reads_done)
+    expire_teardown = async_method(conductor_ops.expire_teardown)
+    load_conductor_request = async_method(conductor_ops.load_conductor_request)
+    list_conductor_requests = async_method(conductor_ops.list_conductor_requests)
+    claim_conductor_request = async_method(conductor_ops.claim_conductor_request)
     # -- the server
     check_server = async_method(server.check_server)
     check_eviction = async_method(server.check_eviction)

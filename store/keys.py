@@ -218,6 +218,17 @@ class KeySpace:
         """``<ns>:{<rid>}:lease``: the fencing token and each partition's lease."""
         return f"{self.request_prefix(request_id)}lease"
 
+    def conductor(self, request_id: str) -> str:
+        """``<ns>:{<rid>}:conductor``: the request as the engine's Conductor keeps it
+        (``store.conductor``)."""
+        return f"{self.request_prefix(request_id)}conductor"
+
+    @property
+    def conductor_index(self) -> str:
+        """``<ns>:conductor-requests``: requests held as the engine's Conductor keeps them
+        (request id -> ingest time, by the caller's clock)."""
+        return f"{self.namespace}:conductor-requests"
+
     def history(self, request_id: str) -> str:
         """``<ns>:{<rid>}:history``: the request's capped timeline (a stream)."""
         return f"{self.request_prefix(request_id)}history"
@@ -228,7 +239,7 @@ class KeySpace:
         tail = key.rsplit("}:", 1)[-1] if "}:" in key else key[len(self.namespace) + 1 :]
         if tail.startswith("merging:"):
             return "string"
-        if tail in ("ops", "requests", "deadlines", "finished", "replicas"):
+        if tail in ("ops", "requests", "deadlines", "finished", "replicas", "conductor-requests"):
             return "zset"
         if tail == "history":
             return "stream"
@@ -243,6 +254,7 @@ class KeySpace:
             self.lease(request_id),
             self.history(request_id),
             self.ops(request_id),
+            self.conductor(request_id),
         ]
         for name in partitions:
             keys += [

@@ -44,6 +44,7 @@ from store.io.wire import describe_client
 from store.keys import KeySpace
 from store.observe import Instruments
 from store.ops import fields, lifecycle, merges, reads, reports, server
+from store.ops import conductor as conductor_ops
 from store.ops import leases as lease_ops
 from store.ops.calls import DEFAULT_RECONNECT, Reconnect
 from store.ops.core import Core
@@ -247,6 +248,19 @@ class RequestStore(StoreSettings):
     schedule_check = sync_method(lease_ops.schedule_check)
     due_steps = sync_method(lease_ops.due_steps)
     leases = sync_method(lease_ops.leases)
+    # -- a request as the engine's Conductor keeps it (store.conductor)
+    ingest_request = sync_method(conductor_ops.ingest_request)
+    apply_worker_graphs_done = sync_method(conductor_ops.apply_worker_graphs_done)
+    complete_pass = sync_method(conductor_ops.complete_pass)
+    conclude_request = sync_method(conductor_ops.conclude_request)
+    apply_conductor_steps = sync_method(conductor_ops.apply_conductor_steps)
+    abort_request = sync_method(conductor_ops.abort_request)
+    fail_request = sync_method(conductor_ops.fail_request)
+    reads_done = sync_method(conductor_ops.reads_done)
+    expire_teardown = sync_method(conductor_ops.expire_teardown)
+    load_conductor_request = sync_method(conductor_ops.load_conductor_request)
+    list_conductor_requests = sync_method(conductor_ops.list_conductor_requests)
+    claim_conductor_request = sync_method(conductor_ops.claim_conductor_request)
     # -- the server
     check_server = sync_method(server.check_server)
     check_eviction = sync_method(server.check_eviction)

@@ -23,6 +23,7 @@ from store import scripts as script_files
 from store.codec import domains
 from store.codec.layout import RecordLayout
 from store.codec.published import PublishLayout, check_label
+from store.conductor.layout import StoredCache
 from store.errors import (
     ConnectionNotFound,
     CorruptRecordError,
@@ -77,6 +78,8 @@ SCRIPT_NAMES = (
     "hint",
     "due_steps",
     "replicas",
+    "conductor_write",
+    "claim_conductor",
 )
 VERSION = str(SCHEMA_VERSION).encode()
 # Script statuses that refuse and write nothing (the caller raises or retries on them): a
@@ -140,6 +143,7 @@ class Core:
         self.record_layout = RecordLayout(RequestRecord, self.codec)
         self.published = PublishLayout(self.codec)
         self.scripts = Scripts({name: script_files.source(name) for name in SCRIPT_NAMES})
+        self.conductor_records = StoredCache()
         self._topologies: OrderedDict[str, Topology] = OrderedDict()
         self._topology_lock = threading.Lock()
         self._op_pid, self._op_prefix, self._op_count = 0, "", itertools.count()

@@ -1,0 +1,197 @@
+"""How a ``ConductorRequest`` is held in Redis: one hash per request, a field per part.
+
+``<ns>:{<rid>}:conductor``: ``head`` (the request-level fields, msgspec-encoded),
+``p:<partition>`` (a ``PartitionState``), ``c:<from>-><to>`` (a ``StreamingConnectionState``),
+``order`` (partition and connection names in the engine's order), ``ver`` (the version every
+write raises), ``_f`` (the format), ``ops`` (the latest op ids) and ``o:<op id>`` (each one's
+result, so that a retried op returns what it did). A pass rewrites only the fields it
+changed. Before its request, the hash may hold only ``early`` (an abort or READS_DONE that
+came first); after teardown only ``state`` = ``gone`` and the results, until it expires.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from store.codec.values import Codec
+from store.conductor.record import (
+    Conclusion,
+    ConductorRequest,
+    GraphsDoneOutcome,
+    IngestOutcome,
+    PassOutcome,
+    TeardownOutcome,
+)
+from store.errors import CorruptRecordError, SchemaVersionError
+from store.types import PartitionState, StreamingConnectionState
+
+FORMAT = b"1"
+"""The layout's version; a reader refuses another (``SchemaVersionError``)."""
+RECENT_OPS = 256
+"""How many of a request's latest op ids keep their result: a retry within them applies
+once (a lost reply is retried within seconds; a request's pass writes a few ops)."""
+
+_OUTCOMES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (GraphsDoneOutcome, PassOutcome, TeardownOutcome, Conclusion, IngestOutcome)
+}
+_ORDER = msgspec.msgpack.Decoder(tuple[list[str], list[str]])
+_OPS = msgspec.msgpack.Decoder(list[str])
+_EARLY = msgspec.msgpack.Decoder(tuple[bool, list[str]])
+_RESULT = msgspec.msgpack.Decoder(tuple[str, list[msgspec.Raw]])
+_encode = msgspec.msgpack.encode
+
+
+@dataclass
+class Early:
+    """What came before the request: an abort (a tombstone), READS_DONE from entities."""
+
+    aborted: bool = False
+    reads_done: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Stored:
+    """One read of the hash: its version, its fields as bytes, and what they hold."""
+
+    version: int
+    raw: dict[str, bytes]
+    request: ConductorRequest | None = None
+    early: Early | None = None
+    gone: bool = False
+    ops: list[str] = field(default_factory=list)
+
+
+def encode_request(codec: Codec, request: ConductorRequest) -> dict[str, bytes]:
+    """The fields that hold ``request`` (not the version, ops or results)."""
+    rid = request.request_id
+    key = f"{{{rid}}}:conductor"
+    head = dataclasses.replace(request, partition_states={}, streaming_connections={})
+    fields = {
+        "head": codec.encode(head, ConductorRequest, request_id=rid, key=key, field="head"),
+        "order": _encode((list(request.partition_states), list(request.streaming_connections))),
+    }
+    for name, pstate in request.partition_states.items():
+        fields[f"p:{name}"] = codec.encode(
+            pstate, PartitionState, request_id=rid, key=key, field=f"p:{name}"
+        )
+    for name, conn in request.streaming_connections.items():
+        fields[f"c:{name}"] = codec.encode(
+            conn, StreamingConnectionState, request_id=rid, key=key, field=f"c:{name}"
+        )
+    return fields
+
+
+def decode_stored(codec: Codec, rid: str, key: str, raw: dict[str, bytes]) -> Stored:
+    """The hash read whole (``HGETALL``, field names as text); raises
+    ``CorruptRecordError`` naming the field."""
+    where: dict[str, str | None] = {"request_id": rid, "key": key}
+    found = raw.get("_f")
+    if found is not None and found != FORMAT:
+        raise SchemaVersionError(_int(found, where, "_f"), int(FORMAT), **where)
+    stored = Stored(version=_int(raw.get("ver", b"0"), where, "ver"), raw=raw)
+    if "ops" in raw:
+        stored.ops = _decoded(_OPS, raw["ops"], where, "ops")
+    if raw.get("state") == b"gone":
+        stored.gone = True
+    elif "early" in raw:
+        aborted, entities = _decoded(_EARLY, raw["early"], where, "early")
+        stored.early = Early(aborted, set(entities))
+    elif "head" in raw:
+        stored.request = _decode_request(codec, raw, where)
+    return stored
+
+
+def _decode_request(codec: Codec, raw: dict[str, bytes], where: dict[str, str | None]) -> Any:
+    request = codec.decode(raw["head"], ConductorRequest, **where, field="head")
+    partitions, connections = _decoded(_ORDER, raw.get("order", b""), where, "order")
+    for name in partitions:
+        request.partition_states[name] = codec.decode(
+            _field(raw, f"p:{name}", where), PartitionState, **where, field=f"p:{name}"
+        )
+    for name in connections:
+        request.streaming_connections[name] = codec.decode(
+            _field(raw, f"c:{name}", where), StreamingConnectionState, **where, field=f"c:{name}"
+        )
+    return request
+
+
+def encode_result(codec: Codec, outcomes: list[Any]) -> bytes:
+    """An op's outcomes (one per step), so that its retry returns them."""
+    if not outcomes:
+        return _encode(("", []))
+    kind = type(outcomes[0]).__name__
+    return _encode((kind, [msgspec.Raw(codec.encode(o, type(o))) for o in outcomes]))
+
+
+def decode_result(codec: Codec, data: bytes, **where: str | None) -> list[Any]:
+    kind, parts = _decoded(_RESULT, data, where, "o:")
+    if not parts:
+        return []
+    cls = _OUTCOMES.get(kind)
+    if cls is None:
+        raise CorruptRecordError(f"unknown outcome {kind!r}", **where)
+    return [codec.decode(bytes(part), cls, **where) for part in parts]
+
+
+def encode_early(early: Early) -> bytes:
+    return _encode((early.aborted, sorted(early.reads_done)))
+
+
+def encode_ops(ops: list[str]) -> bytes:
+    return _encode(ops)
+
+
+def _field(raw: dict[str, bytes], name: str, where: dict[str, str | None]) -> bytes:
+    value = raw.get(name)
+    if value is None:
+        raise CorruptRecordError("field missing (named in 'order')", **where, field=name)
+    return value
+
+
+def _decoded(decoder: Any, data: bytes, where: dict[str, str | None], name: str) -> Any:
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise CorruptRecordError(f"unreadable: {e}", **where, field=name) from e
+
+
+def _int(data: bytes, where: dict[str, str | None], name: str) -> int:
+    if not data.isdigit() or len(data) > 18:
+        raise CorruptRecordError(f"not a version: {data[:40]!r}", **where, field=name)
+    return int(data)
+
+
+class StoredCache:
+    """The latest version this client wrote or read of each request, so that an op needs no
+    read first: the conductor that drives a request is its only writer, and a write made on
+    an older version is refused (``STALE``) and made again on a fresh read."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._held: OrderedDict[str, Stored] = OrderedDict()
+        self._lock = threading.Lock()
+        self.size = size
+
+    def get(self, rid: str) -> Stored | None:
+        with self._lock:
+            stored = self._held.get(rid)
+            if stored is not None:
+                self._held.move_to_end(rid)
+            return stored
+
+    def put(self, rid: str, stored: Stored) -> None:
+        with self._lock:
+            self._held[rid] = stored
+            self._held.move_to_end(rid)
+            while len(self._held) > self.size:
+                self._held.popitem(last=False)
+
+    def drop(self, rid: str) -> None:
+        with self._lock:
+            self._held.pop(rid, None)
