@@ -18,8 +18,8 @@ from store.io.aio import AsyncExecutor
 from store.io.connect import aclose_client, async_client_from_url
 from store.io.wire import describe_client
 from store.observe import Instruments
-from store.ops import fields, lifecycle, merges, reads, reports, server
 from store.ops import conductor as conductor_ops
+from store.ops import fields, lifecycle, merges, reads, reports, server
 from store.ops import leases as lease_ops
 from store.ops.calls import Reconnect
 from store.ops.core import Core

@@ -43,8 +43,8 @@ from store.io.sync import SyncExecutor
 from store.io.wire import describe_client
 from store.keys import KeySpace
 from store.observe import Instruments
-from store.ops import fields, lifecycle, merges, reads, reports, server
 from store.ops import conductor as conductor_ops
+from store.ops import fields, lifecycle, merges, reads, reports, server
 from store.ops import leases as lease_ops
 from store.ops.calls import DEFAULT_RECONNECT, Reconnect
 from store.ops.core import Core

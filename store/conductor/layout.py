@@ -33,9 +33,10 @@ from store.types import PartitionState, StreamingConnectionState
 
 FORMAT = b"1"
 """The layout's version; a reader refuses another (``SchemaVersionError``)."""
-RECENT_OPS = 256
+RECENT_OPS = 64
 """How many of a request's latest op ids keep their result: a retry within them applies
-once (a lost reply is retried within seconds; a request's pass writes a few ops)."""
+once (a lost reply is retried within seconds; a pass writes one op, or one per message and
+pass unbatched). Each kept result costs memory: about 170 bytes of the hash's."""
 
 _OUTCOMES: dict[str, type] = {
     cls.__name__: cls
@@ -44,7 +45,7 @@ _OUTCOMES: dict[str, type] = {
 _ORDER = msgspec.msgpack.Decoder(tuple[list[str], list[str]])
 _OPS = msgspec.msgpack.Decoder(list[str])
 _EARLY = msgspec.msgpack.Decoder(tuple[bool, list[str]])
-_RESULT = msgspec.msgpack.Decoder(tuple[str, list[msgspec.Raw]])
+_RESULT = msgspec.msgpack.Decoder(list[tuple[str, msgspec.Raw]])
 _encode = msgspec.msgpack.encode
 
 
@@ -68,10 +69,9 @@ class Stored:
     ops: list[str] = field(default_factory=list)
 
 
-def encode_request(codec: Codec, request: ConductorRequest) -> dict[str, bytes]:
-    """The fields that hold ``request`` (not the version, ops or results)."""
+def encode_request(codec: Codec, key: str, request: ConductorRequest) -> dict[str, bytes]:
+    """The fields that hold ``request`` at ``key`` (not the version, ops or results)."""
     rid = request.request_id
-    key = f"{{{rid}}}:conductor"
     head = dataclasses.replace(request, partition_states={}, streaming_connections={})
     fields = {
         "head": codec.encode(head, ConductorRequest, request_id=rid, key=key, field="head"),
@@ -123,21 +123,19 @@ def _decode_request(codec: Codec, raw: dict[str, bytes], where: dict[str, str | 
 
 
 def encode_result(codec: Codec, outcomes: list[Any]) -> bytes:
-    """An op's outcomes (one per step), so that its retry returns them."""
-    if not outcomes:
-        return _encode(("", []))
-    kind = type(outcomes[0]).__name__
-    return _encode((kind, [msgspec.Raw(codec.encode(o, type(o))) for o in outcomes]))
+    """An op's outcomes (one per step, each with its class), so that its retry returns
+    them."""
+    return _encode([(type(o).__name__, msgspec.Raw(codec.encode(o, type(o)))) for o in outcomes])
 
 
 def decode_result(codec: Codec, data: bytes, **where: str | None) -> list[Any]:
-    kind, parts = _decoded(_RESULT, data, where, "o:")
-    if not parts:
-        return []
-    cls = _OUTCOMES.get(kind)
-    if cls is None:
-        raise CorruptRecordError(f"unknown outcome {kind!r}", **where)
-    return [codec.decode(bytes(part), cls, **where) for part in parts]
+    outcomes = []
+    for kind, part in _decoded(_RESULT, data, where, "o:"):
+        cls = _OUTCOMES.get(kind)
+        if cls is None:
+            raise CorruptRecordError(f"unknown outcome {kind!r}", **where)
+        outcomes.append(codec.decode(bytes(part), cls, **where))
+    return outcomes
 
 
 def encode_early(early: Early) -> bytes:

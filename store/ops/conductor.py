@@ -11,8 +11,8 @@ client drove last costs one round trip.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Sequence
-from copy import deepcopy
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,7 @@ class _Write:
     early: Early | None = None
     gone: bool = False
     index: str | None = None  # "add" | "remove"
+    unchanged: bool = False  # nothing to write: the outcomes only
 
 
 Change = Callable[[Stored], _Write | None]  # None: nothing to write; the outcome is in it
@@ -72,8 +73,8 @@ def ingest_request(
     outcome says ``aborted``. READS_DONE that came first are kept for its barrier. Raises
     ``RequestExistsError`` if the request is held already (by another op).
     """
-    rid = validate_request_id(request.request_id)
-    _check_request(request)
+    _check_request(core, request)
+    rid = request.request_id
 
     def change(stored: Stored) -> _Write:
         if stored.request is not None or stored.gone:
@@ -184,16 +185,20 @@ def apply_conductor_steps(
     rid = validate_request_id(request_id)
     for step in steps:  # refused before anything is read
         if isinstance(step, GraphsDone):
-            _checked_message(step.message, rid)
+            _checked_message(core, step.message, rid)
+        elif isinstance(step, CompletePass):
+            _checked(core, step.result, PassResult, rid, "result")
+        elif not isinstance(step, Conclude):
+            raise ValidationError(f"not a step: {type(step).__name__}", request_id=rid)
 
     def change(stored: Stored) -> _Write | None:
         request = stored.request
         if request is None:
-            return None if not steps else _Write([_ignored(s, rid) for s in steps])
+            return _Write([_ignored(s, rid) for s in steps], unchanged=True)
         outcomes: list[Any] = []
         for step in steps:
             if isinstance(step, GraphsDone):  # a copy: a redo must not see this try's merges
-                message = _checked_message(step.message, rid, copy=True)
+                message = _checked_message(core, step.message, rid)
                 outcomes.append(rules.apply_worker_graphs_done(request, message))
             elif isinstance(step, CompletePass):
                 done = step.partition_done_from_worker
@@ -202,8 +207,9 @@ def apply_conductor_steps(
                         request, step.partition, step.result, partition_done_from_worker=done
                     )
                 )
-            elif request.concluded:
-                raise ValidationError("request was concluded already", request_id=rid)
+            elif request.teardown is not None:  # the run loop skips a request in teardown
+                ignored = TeardownOutcome(ignored="draining")
+                outcomes.append(Conclusion({}, request.conductor_ingest_time, 0.0, {}, ignored))
             else:
                 outcomes.append(rules.conclude(request, step.finish_time, step.deadline))
         return _after_teardown(request, outcomes)
@@ -409,6 +415,8 @@ def _apply(
             write = change(stored)
             if write is None:
                 return []
+            if write.unchanged:
+                return write.outcomes
             fields = _fields(core, write, early_ttl)
             ops = [*stored.ops, op_id]
             forget = ops.pop(0) if len(ops) > RECENT_OPS else ""
@@ -452,7 +460,9 @@ def _apply(
 
 def _fields(core: Core, write: _Write, early_ttl: float) -> dict[str, bytes]:
     if write.request is not None:
-        return layout.encode_request(core.codec, write.request)
+        return layout.encode_request(
+            core.codec, core.keys.conductor(write.request.request_id), write.request
+        )
     if write.early is not None:
         return {"early": layout.encode_early(write.early)}
     return {"state": b"gone"}
@@ -499,56 +509,51 @@ def _message_rid(message: Any) -> str:
     return rid
 
 
-_MESSAGE_FIELDS: dict[str, tuple[type, ...]] = {
-    "worker_graph_ids": (list, tuple),
-    "is_first_tp_rank": (bool,),
-    "persist_signals": (dict,),
-    "new_token_counts": (dict,),
-    "output_signal_names": (int, list),
-    "resource_publish_info": (dict,),
-    "partition_name": (str,),
-    "partition_done": (bool,),
-    "stream_tokens_consumed": (dict,),
-    "output_loop_indices": (dict,),
+_MESSAGE_FIELDS: dict[str, Any] = {
+    name: declared
+    for name, declared in typing.get_type_hints(WorkerGraphsDone).items()
+    if name != "request_id"
 }
 
 
-def _checked_message(message: Any, rid: str, *, copy: bool = False) -> WorkerGraphsDone:
-    """The fields the rules take, from the engine's message or the store's, each checked:
-    a wrong one is refused naming it, never applied half. ``copy``: values of their own."""
+def _checked_message(core: Core, message: Any, rid: str) -> WorkerGraphsDone:
+    """The fields the rules take, from the engine's message or the store's, as values of
+    their own (a redo must not see an earlier try's merges into them), each checked to its
+    declared type, nested values too: a wrong one is refused naming it, never applied half
+    or stored to fail every read after."""
     if _message_rid(message) != rid:
         raise ValidationError(
             f"message is about request {message.request_id!r}", request_id=rid, field="request_id"
         )
-    values: dict[str, Any] = {}
-    for name, kinds in _MESSAGE_FIELDS.items():
-        value = getattr(message, name, None)
-        if not isinstance(value, kinds):
-            raise ValidationError(
-                f"WorkerGraphsDone.{name} must be {' or '.join(k.__name__ for k in kinds)}, "
-                f"got {type(value).__name__}",
-                request_id=rid, field=name,
-            )  # fmt: skip
-        values[name] = value
+    values = {
+        name: _checked(core, getattr(message, name, None), declared, rid, name)
+        for name, declared in _MESSAGE_FIELDS.items()
+    }
     for name in ("new_token_counts", "stream_tokens_consumed"):
         for edge, count in values[name].items():
-            if not isinstance(edge, str) or type(count) is not int or count < 0:
+            if count < 0:
                 raise ValidationError(
                     f"WorkerGraphsDone.{name} maps edge names to counts >= 0: {edge!r}: {count!r}",
                     request_id=rid, field=name,
                 )  # fmt: skip
-    if not all(isinstance(wg, str) for wg in values["worker_graph_ids"]):
+    return WorkerGraphsDone(request_id=rid, **values)
+
+
+def _checked(core: Core, value: Any, declared: Any, rid: str, name: str) -> Any:
+    """``value`` through the codec as ``declared`` and back: a copy, or ``ValidationError``."""
+    try:
+        return core.codec.decode(core.codec.encode(value, declared), declared)
+    except Exception as e:  # the codec's own, msgspec's, or a wrong nested value's
         raise ValidationError(
-            "worker graph ids must be text", request_id=rid, field="worker_graph_ids"
-        )
-    values["worker_graph_ids"] = list(values["worker_graph_ids"])
-    return WorkerGraphsDone(request_id=rid, **(deepcopy(values) if copy else values))
+            f"{name}: not a valid {getattr(declared, '__name__', declared)}: {e}",
+            request_id=rid, field=name,
+        ) from e  # fmt: skip
 
 
-def _check_request(request: ConductorRequest) -> None:
+def _check_request(core: Core, request: ConductorRequest) -> None:
     if not isinstance(request, ConductorRequest):
         raise ValidationError(f"expected a ConductorRequest, got {type(request).__name__}")
-    rid = request.request_id
+    rid = validate_request_id(request.request_id)
     for wg, workers in request.worker_graph_to_workers.items():
         if not workers:
             raise ValidationError(
