@@ -333,6 +333,26 @@ def test_script_costs_replays_every_variant_and_every_rank_count(
         assert re.search(rf"{n:,} ranks\s+\d+\.\d\s+\d+\.\d\dx", out), (n, out)
 
 
+@pytest.mark.servers
+def test_conductor_pass_runs_every_form_and_prints_its_figures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The quick run checks every pass (rank 1 completes it, the previous tensors are
+    unpersisted), and prints each form's row, the ratios and a verdict per conductor form;
+    the round trips are the protocol's, whatever the timing."""
+    from benchmarks import conductor_pass as cp
+
+    assert cp.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for name, rtt in ((cp.UNBATCHED, 3), (cp.BATCHED, 1), (cp.BASELINE, 2), (cp.PING, 1)):
+        assert re.search(rf"{re.escape(name)}\s+{rtt}\s+(\d|-)", out), (name, out)
+    for name in (cp.UNBATCHED, cp.BATCHED):
+        assert re.search(rf"{re.escape(name)}(\s+\d+\.\d\dx){{6}}", out), (name, out)
+    assert re.search(rf"{re.escape(cp.BATCHED)}\s+round trips 1 <= 2: PASS", out), out
+    assert re.search(rf"{re.escape(cp.UNBATCHED)}\s+round trips 3 <= 2: FAIL", out), out
+    assert "MEMORY USAGE" in out
+
+
 def test_client_cost_counts_one_unit_as_the_difference_of_two_runs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
