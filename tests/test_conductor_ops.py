@@ -3,7 +3,7 @@ store's operations: round trip, the engine's rules (small and exact), idempotenc
 id, the request-level lease, version conflicts between two clients, bad input, damaged
 hash fields and the hash's expiry. Every test runs on fakeredis and on the real Redis.
 
-Bugs found while writing these are ``xfail(strict=True)`` tests at the end of the file.
+Bugs found while writing these are tested at the end of the file.
 """
 
 from __future__ import annotations
@@ -476,10 +476,13 @@ def test_fail_on_an_unknown_request_is_ignored(client: redis.Redis, store: Reque
     assert store.ingest_request(make_request()) == IngestOutcome()
 
 
-def test_conclude_twice_is_refused(held: RequestStore) -> None:
+def test_conclude_twice_is_ignored(held: RequestStore) -> None:
+    """As the engine's run loop skips a request in teardown: the barrier stays as it was."""
     held.conclude_request(RID, finish_time=1.0, now=0.0)
-    with pytest.raises(ValidationError):
-        held.conclude_request(RID, finish_time=2.0, now=0.0)
+    before = held.load_conductor_request(RID)
+    again = held.conclude_request(RID, finish_time=2.0, now=0.0)
+    assert again.teardown.ignored == "draining"
+    assert held.load_conductor_request(RID) == before
 
 
 def test_steps_in_one_write_equal_the_rules_in_order(
@@ -626,13 +629,15 @@ def test_a_lost_reply_is_applied_once(client: redis.Redis, held: RequestStore) -
 
 
 def test_only_the_latest_op_ids_are_remembered(client: redis.Redis, held: RequestStore) -> None:
-    """``RECENT_OPS``: a retry of an op id older than the latest 256 is applied again."""
+    """``RECENT_OPS``: a retry of an op id older than the latest ones is applied again."""
     message = wgd(["wgA"], new_token_counts={"text": 2})
     held.apply_worker_graphs_done(message, op_id="oldest")
     for i in range(300):
         held.reads_done(RID, f"e{i % 3}", op_id=f"later-{i}")
     kept = raw(client, held)
-    assert b"o:oldest" not in kept and b"o:later-43" not in kept and b"o:later-44" in kept
+    first_kept = 300 - RECENT_OPS
+    assert b"o:oldest" not in kept and f"o:later-{first_kept - 1}".encode() not in kept
+    assert f"o:later-{first_kept}".encode() in kept
     assert sum(name.startswith(b"o:") for name in kept) == RECENT_OPS
     held.reads_done(RID, "e0", op_id="later-299")  # a recent one is still applied once
     assert raw(client, held) == kept
@@ -883,15 +888,9 @@ def test_an_early_record_expires_within_drain_ttl(client: redis.Redis, store: Re
     assert client.pttl(store.keys.conductor(other)) == -1
 
 
-# -- bugs found (xfail, strict: each passes once its bug is fixed) -------------------------
+# -- found while writing these (each failed before its fix) -------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="layout.encode_result/decode_result keep one class for all of an op's outcomes: "
-    "a retry of apply_conductor_steps with mixed steps decodes a PassOutcome/Conclusion "
-    "as the first step's class (store/conductor/layout.py:125-142)",
-)
 def test_bug_mixed_steps_retry_returns_each_steps_outcome(held: RequestStore) -> None:
     steps: list[Step] = [
         GraphsDone(wgd(["wgA"])),
@@ -904,23 +903,12 @@ def test_bug_mixed_steps_retry_returns_each_steps_outcome(held: RequestStore) ->
     assert held.apply_conductor_steps(RID, steps, op_id="mixed") == first
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="apply_conductor_steps on a request not held writes state=gone (_fields of a "
-    "_Write with neither request nor early): the id is tombstoned for dedupe_window and "
-    "its ingest raises RequestExistsError (store/ops/conductor.py:192, 453-458)",
-)
 def test_bug_a_report_for_an_unknown_request_does_not_tombstone_it(store: RequestStore) -> None:
     outcome = store.apply_worker_graphs_done(wgd(["wgA"]), op_id="stray")
     assert outcome.ignored == "unknown request"
     assert store.ingest_request(make_request()) == IngestOutcome()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a report before its request overwrites the early record (READS_DONE kept for "
-    "the barrier, or an abort's tombstone) with state=gone (store/ops/conductor.py:192, 453-458)",
-)
 def test_bug_a_report_before_the_request_keeps_its_early_reads_done(store: RequestStore) -> None:
     store.reads_done(RID, PREPROCESS_WORKER)
     store.apply_worker_graphs_done(wgd(["wgA"]))
@@ -928,11 +916,6 @@ def test_bug_a_report_before_the_request_keeps_its_early_reads_done(store: Reque
     assert store.load_conductor_request(RID).early_reads_done == {PREPROCESS_WORKER}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ingest_request reads request.request_id before checking it is a ConductorRequest: "
-    "AttributeError, not ValidationError (store/ops/conductor.py:75-76)",
-)
 def test_bug_ingest_of_a_non_request_is_a_validation_error(store: RequestStore) -> None:
     with pytest.raises(ValidationError):
         store.ingest_request("not a request")  # type: ignore[arg-type]
@@ -976,14 +959,6 @@ BAD_NESTED: list[tuple[str, Callable[[Any], Any]]] = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the contents of WorkerGraphsDone's dicts/lists and of PassResult are not checked "
-    "(store/ops/conductor.py:516-545, _checked_message; complete_pass takes PassResult "
-    "unchecked) and the codec encodes without type checks: a wrong value is either stored "
-    "(every later read of the request raises CorruptRecordError) or raises a raw "
-    "AttributeError",
-)
 @pytest.mark.parametrize(("name", "call"), BAD_NESTED, ids=[b[0] for b in BAD_NESTED])
 def test_bug_wrong_nested_values_are_refused_and_nothing_is_written(
     client: redis.Redis, held: RequestStore, name: str, call: Callable[[Any], Any]
@@ -997,12 +972,6 @@ def test_bug_wrong_nested_values_are_refused_and_nothing_is_written(
         held.load_conductor_request(RID)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Conclude on a draining request replaces its barrier (rules.conclude does not "
-    "check request.teardown, store/conductor/rules.py:171 / store/ops/conductor.py:"
-    "205-208): after a fail, the failure and the drained workers' acks are dropped",
-)
 def test_bug_conclude_does_not_replace_a_draining_barrier(held: RequestStore) -> None:
     held.fail_request(RID, "worker died", now=100.0)
     held.conclude_request(RID, finish_time=5.0, now=100.0)
@@ -1012,12 +981,17 @@ def test_bug_conclude_does_not_replace_a_draining_barrier(held: RequestStore) ->
     assert teardown.failure_error == "worker died"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="encode_request names the key without its namespace ('{rid}:conductor', "
-    "store/conductor/layout.py:74), so an EncodeError points at a key that does not exist",
-)
-def test_bug_an_encode_error_names_the_real_key(held: RequestStore) -> None:
-    with pytest.raises(EncodeError) as refused:
+def test_a_pass_result_that_cannot_be_stored_is_refused_before_any_read(
+    held: RequestStore,
+) -> None:
+    with pytest.raises(ValidationError) as refused:
         held.complete_pass(RID, "p0", PassResult(md("w0"), {"k": object()}))
-    assert refused.value.key == held.keys.conductor(RID)
+    assert (refused.value.request_id, refused.value.field) == (RID, "result")
+
+
+def test_an_encode_error_names_the_real_key(store: RequestStore) -> None:
+    request = make_request()
+    request.partition_states["p0"].metadata.kwargs["k"] = object()
+    with pytest.raises(EncodeError) as refused:
+        store.ingest_request(request)
+    assert refused.value.key == store.keys.conductor(RID)
