@@ -18,7 +18,8 @@ from __future__ import annotations
 # are too few (it crashed on a bare EVAL), so every probe is a whole command.
 PROBES: dict[str, tuple[str, ...]] = {
     "DEL": ("{key}",), "UNLINK": ("{key}",), "EXISTS": ("{key}",), "EXPIRE": ("{key}", "1"),
-    "PEXPIRE": ("{key}", "1"), "PTTL": ("{key}",), "GET": ("{key}",), "SET": ("{key}", "v"),
+    "PEXPIRE": ("{key}", "1"), "PERSIST": ("{key}",), "PTTL": ("{key}",), "GET": ("{key}",),
+    "SET": ("{key}", "v"),
     "HGET": ("{key}", "f"), "HMGET": ("{key}", "f"), "HGETALL": ("{key}",),
     "HKEYS": ("{key}",), "HSET": ("{key}", "f", "v"), "HDEL": ("{key}", "f"),
     "HINCRBY": ("{key}", "f", "1"), "ZADD": ("{key}", "1", "m"), "ZCARD": ("{key}",),

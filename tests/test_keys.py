@@ -59,6 +59,7 @@ def test_request_keys_lists_every_key_of_the_topology() -> None:
         "ns:{r}:lease",
         "ns:{r}:history",
         "ns:{r}:ops",
+        "ns:{r}:conductor",
         "ns:{r}:part:llm",
         "ns:{r}:pub:llm",
         "ns:{r}:merging:llm",
@@ -83,7 +84,7 @@ request_ids = st.text(
 def test_every_request_key_shares_one_slot(rid: str, a: str, b: str) -> None:
     space = KeySpace("some:ns")
     keys = space.request_keys(rid, [a, b], [connection_name(a, b)])
-    assert len(keys) == 13
+    assert len(keys) == 14
     assert validate_request_id(rid) == rid
     assert {key_slot(k.encode()) for k in keys} == {key_slot(rid.encode())}
     # The shared keys hash on their whole name, in no request's tag.

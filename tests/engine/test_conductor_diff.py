@@ -34,30 +34,30 @@ from store import types as store_types
 if not store_types.engine_importable():
     pytest.skip("mstar-ai is not installed (the engine job runs these)", allow_module_level=True)
 
-import fakeredis  # noqa: E402
-import redis  # noqa: E402
-from mstar.api_server.request_types import APIServerMessage  # noqa: E402
-from mstar.utils.ipc_format import (  # noqa: E402
+import fakeredis
+import redis
+from mstar.api_server.request_types import APIServerMessage
+from mstar.utils.ipc_format import (
     ConductorMessageType,
     InputSignals,
     WorkerMessage,
     WorkerMessageType,
 )
 
-from store import RequestStore  # noqa: E402
-from store.conductor import (  # noqa: E402
+from store import RequestStore
+from store.conductor import (
     PREPROCESS_WORKER,
     ConductorRequest,
     PassResult,
     TeardownOutcome,
 )
-from store.conductor.convert import (  # noqa: E402
+from store.conductor.convert import (
     HELD_FIELDS,
     from_request_data,
     request_data_fields,
 )
-from store.errors import RequestNotFound, UnknownWorkerGraphError  # noqa: E402
-from tests.engine.oracle import (  # noqa: E402
+from store.errors import RequestNotFound, UnknownWorkerGraphError
+from tests.engine.oracle import (
     Shape,
     choices,
     finishing_messages,
@@ -276,11 +276,10 @@ class StoreSide:
                 if request.worker_graph_walks[wg] & walks
                 for w in ws
             }
+            walk, seed = cstate.metadata.graph_walk or "", cstate.random_seed
+            done = frozenset({partition})
             sends += [
-                (
-                    "producer_done", w, rid, consumer, frozenset({partition}),
-                    cstate.fwd_pass_number, cstate.metadata.graph_walk or "", cstate.random_seed,
-                )  # fmt: skip
+                ("producer_done", w, rid, consumer, done, cstate.fwd_pass_number, walk, seed)
                 for w in workers
             ]
         for worker, edges in split.items():
@@ -303,9 +302,12 @@ def _placeholder(rid: str) -> ConductorRequest:
 
 def _finish_time(engine_sent: list[tuple[str, Any]], rid: str) -> float:
     for _, msg in engine_sent:
-        if isinstance(msg, APIServerMessage) and msg.message_type == "request_complete":
-            if msg.body.request_id == rid:
-                return float(msg.body.conductor_finish_time)
+        if (
+            isinstance(msg, APIServerMessage)
+            and msg.message_type == "request_complete"
+            and msg.body.request_id == rid
+        ):
+            return float(msg.body.conductor_finish_time)
     raise AssertionError(f"the store concluded {rid} where the engine did not")
 
 
