@@ -1,0 +1,515 @@
+"""The store-backed conductor killed under load: every request answered once, as the engine's.
+
+Stand-in workers and an API-server stand-in (``tests.engine.standin``) speak the engine's own
+messages over its own pyzmq communicator to a conductor process; the model is
+``tests.engine.kill_model`` (a producer partition on two TP ranks streaming to a consumer on
+a third). The same requests go
+
+* to the engine's unmodified in-memory conductor (the oracle run), and
+* to the store-backed conductor (``python -m store.integrations.mstar ... --url``), SIGKILLed
+  at random moments while requests are in flight and replaced each time by a successor
+  started with ``--attach``; once SIGSTOPped instead, a successor started, and the stopped
+  one resumed: it must find itself fenced out and exit on its own, non-zero.
+
+Every request must then be answered exactly once; a completed one exactly as the oracle
+completed it (its ``final_outputs``, the passes its workers ran, none twice, and the ref
+counts of every unpersisted tensor), a failed one with a reason naming the conductor.
+
+Needs the engine (the Python 3.12 engine job) and a Redis at ``REDIS_URL``; writes only under
+a fresh namespace and deletes its keys at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from store import types as store_types
+
+if not store_types.engine_importable():
+    pytest.skip("mstar-ai is not installed (the engine job runs these)", allow_module_level=True)
+
+from tests.engine import kill_model
+from tests.engine.standin import DEFAULT_MODEL, ApiStandIn, read_log
+
+pytestmark = [pytest.mark.real, pytest.mark.exclusive]
+
+ROOT = Path(__file__).resolve().parents[2]
+N_REQUESTS = int(os.environ.get("KILL_TEST_REQUESTS", "100"))
+N_KILLS = int(os.environ.get("KILL_TEST_KILLS", "5"))
+ANSWER_TIMEOUT_S = float(os.environ.get("KILL_TEST_TIMEOUT", "120"))
+STARTUP_TIMEOUT_S = 60.0
+FENCED_EXIT_TIMEOUT_S = 10.0
+# Slows the stand-in workers in the store run so requests stay in flight across the kills.
+PASS_DELAY_S = float(os.environ.get("KILL_TEST_PASS_DELAY", "0.004"))
+REQUEST_IDS = [f"kill-{i:03d}" for i in range(N_REQUESTS)]
+ATTACHED = re.compile(r"attached: (\d+) requests in ([0-9.]+) ?s")
+
+
+def _entry_point_available() -> bool:
+    """Whether this checkout has the store's conductor entry point (an editable install of
+    another checkout may resolve ``store.integrations`` elsewhere: not that one)."""
+    try:
+        spec = importlib.util.find_spec("store.integrations.mstar")
+    except ModuleNotFoundError:
+        return False
+    origin = spec.origin if spec is not None else None
+    return origin is not None and Path(origin).resolve().is_relative_to(ROOT)
+
+
+HAVE_ENTRY_POINT = _entry_point_available()
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["MSTAR_RUST_ZMQ"] = "0"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
+
+
+def _signal_group(proc: subprocess.Popen[Any], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+# ---------------------------------------------------------------------------------------------
+# One mesh: a socket directory, the stand-ins, the conductor processes
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ConductorProc:
+    proc: subprocess.Popen[Any]
+    stderr_path: Path
+    started: float
+
+    def stderr(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def attached(self) -> tuple[int, float] | None:
+        m = ATTACHED.search(self.stderr())
+        return (int(m.group(1)), float(m.group(2))) if m else None
+
+
+class Mesh:
+    def __init__(self, base: Path, name: str, pass_delay_s: float = 0.0):
+        self.dir = base / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # IPC paths are limited to ~107 bytes: a short directory of its own
+        self.sockets = tempfile.mkdtemp(prefix=f"kill-{name}-", dir="/tmp")
+        self.config = kill_model.write_config(self.dir / "model.yaml")
+        self.pass_delay_s = pass_delay_s
+        self.workers: list[subprocess.Popen[Any]] = []
+        self.conductors: list[ConductorProc] = []
+        self.api = ApiStandIn(self.sockets, str(self.dir / "api.jsonl"))
+
+    def worker_log(self, rank: int) -> Path:
+        return self.dir / f"worker_{rank}.jsonl"
+
+    def start(self) -> None:
+        for rank in sorted(kill_model.SHAPE.workers()):
+            cmd = [sys.executable, "-m", "tests.engine.standin", "worker", "--rank", str(rank)]
+            cmd += ["--sockets", self.sockets, "--log", str(self.worker_log(rank))]
+            cmd += ["--model", DEFAULT_MODEL, "--pass-delay", str(self.pass_delay_s)]
+            err = open(self.dir / f"worker_{rank}.err", "wb")  # noqa: SIM115
+            self.workers.append(
+                subprocess.Popen(
+                    cmd, cwd=ROOT, env=_env(), stdout=err, stderr=err, start_new_session=True
+                )
+            )
+            err.close()
+        self.api.start()
+
+    def conductor_cmd(self, store_args: list[str] | None) -> list[str]:
+        if store_args is None and not HAVE_ENTRY_POINT:
+            # until the store's entry point exists: the engine's conductor, no workers launched
+            return [
+                sys.executable,
+                *("-m", "tests.engine.standin", "conductor", "--model", DEFAULT_MODEL),
+                *("--config", self.config, "--sockets", self.sockets),
+            ]
+        mode = ["--in-memory"] if store_args is None else store_args
+        return [
+            sys.executable,
+            *("-m", "store.integrations.mstar", *mode, "--no-launch"),
+            *("--model", DEFAULT_MODEL, "--config", self.config, "--sockets", self.sockets),
+        ]
+
+    def start_conductor(self, store_args: list[str] | None = None) -> ConductorProc:
+        i = len(self.conductors)
+        path = self.dir / f"conductor_{i}.err"
+        err = open(path, "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            self.conductor_cmd(store_args),
+            cwd=ROOT,
+            env=_env(),
+            stdout=err,
+            stderr=err,
+            start_new_session=True,
+        )
+        err.close()
+        c = ConductorProc(proc=proc, stderr_path=path, started=time.time())
+        self.conductors.append(c)
+        return c
+
+    def close(self) -> None:
+        for c in self.conductors:
+            if c.proc.poll() is None:
+                _signal_group(c.proc, signal.SIGKILL)
+        for w in self.workers:
+            if w.poll() is None:
+                _signal_group(w, signal.SIGTERM)
+        deadline = time.monotonic() + 3
+        for p in [*self.workers, *(c.proc for c in self.conductors)]:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(p, signal.SIGKILL)
+                p.wait(5)
+        self.api.stop()
+        shutil.rmtree(self.sockets, ignore_errors=True)
+
+    def worker_records(self) -> list[dict[str, Any]]:
+        return [
+            r
+            for rank in sorted(kill_model.SHAPE.workers())
+            for r in read_log(self.worker_log(rank))
+        ]
+
+
+def _wait_setup_done(mesh: Mesh, conductor: ConductorProc, after: int = 0) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while len(mesh.api.setup_done) <= after:
+        if conductor.proc.poll() is not None:
+            pytest.fail(f"conductor exited with {conductor.proc.returncode}:\n{conductor.stderr()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no setup_done from the conductor:\n{conductor.stderr()}")
+        time.sleep(0.02)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a run produced
+# ---------------------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass
+class RunResult:
+    answers: dict[str, list[tuple[str, Any]]]
+    passes: dict[str, Counter[tuple[str, int, str]]]  # rid -> (partition, fwd, worker) -> runs
+    unpersists: dict[str, dict[tuple[str, str], list[int]]]  # rid -> (entity, uuid) -> counts
+    records: list[dict[str, Any]]
+    seconds: float
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def final_outputs(self, rid: str) -> Any:
+        (kind, body) = self.answers[rid][0]
+        assert kind == "request_complete"
+        return _plain(body.final_outputs)
+
+
+def _collect(mesh: Mesh, seconds: float) -> RunResult:
+    records = mesh.worker_records()
+    passes: dict[str, Counter[tuple[str, int, str]]] = defaultdict(Counter)
+    unpersists: dict[str, dict[tuple[str, str], list[int]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        if r.get("ev") == "pass":
+            passes[r["rid"]][(r["partition"], r["fwd"], r["worker"])] += 1
+        elif r.get("ev") == "unpersist":
+            # the stand-in worker's uuids name their rank; the entity is the tensor's source
+            unpersists[r["rid"]][("worker", r["uuid"])].append(r["count"])
+    for rid, u, count in mesh.api.unpersists:
+        unpersists[rid][("preprocess", u)].append(count)
+    with mesh.api._lock:
+        answers = {rid: list(a) for rid, a in mesh.api.answers.items()}
+    return RunResult(
+        answers=answers,
+        passes=dict(passes),
+        unpersists={rid: dict(v) for rid, v in unpersists.items()},
+        records=records,
+        seconds=seconds,
+    )
+
+
+def _expected_passes() -> Counter[tuple[str, int, str]]:
+    expected: Counter[tuple[str, int, str]] = Counter()
+    for partition, (n, ranks) in kill_model.expected_passes().items():
+        for fwd in range(n):
+            for rank in ranks:
+                expected[(partition, fwd, f"worker_{rank}")] = 1
+    return expected
+
+
+# ---------------------------------------------------------------------------------------------
+# The runs
+# ---------------------------------------------------------------------------------------------
+
+
+def oracle_run(base: Path) -> RunResult:
+    """The engine's in-memory conductor, never interrupted."""
+    mesh = Mesh(base, "oracle")
+    try:
+        mesh.start()
+        conductor = mesh.start_conductor()
+        _wait_setup_done(mesh, conductor)
+        t0 = time.monotonic()
+        for rid in REQUEST_IDS:
+            mesh.api.submit(rid)
+        missing = mesh.api.wait_all(ANSWER_TIMEOUT_S)
+        if missing:
+            pytest.fail(
+                f"oracle run: {len(missing)} requests unanswered: {missing[:20]}\n"
+                f"{conductor.stderr()[-4000:]}"
+            )
+        seconds = time.monotonic() - t0
+        time.sleep(0.3)  # the final unpersists and removes
+    finally:
+        mesh.close()
+    return _collect(mesh, seconds)
+
+
+@dataclass
+class Takeover:
+    kind: str  # "kill" or "stop"
+    at: float  # when the predecessor was killed (stopped)
+    in_flight: int  # requests unanswered then
+    attached: tuple[int, float] | None = None  # the successor's own report
+    first_message: float | None = None  # successor's first message to a stand-in, after ``at``
+    fenced_returncode: int | None = None
+
+
+def _wait_successor(mesh: Mesh, successor: ConductorProc, since: float) -> None:
+    """Until the successor reports itself attached (or, failing that, a stand-in hears from
+    a conductor again)."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if successor.proc.poll() is not None:
+            pytest.fail(
+                f"successor exited with {successor.proc.returncode}:\n{successor.stderr()[-4000:]}"
+            )
+        if successor.attached() is not None:
+            return
+        if mesh.api.last_received > since and not mesh.api.unanswered():
+            return  # nothing left in flight to hear about
+        time.sleep(0.02)
+    pytest.fail(f"successor never attached:\n{successor.stderr()[-4000:]}")
+
+
+def store_run(base: Path, url: str, namespace: str, rng: random.Random) -> RunResult:
+    """The store-backed conductor, killed and replaced while requests are in flight."""
+    mesh = Mesh(base, "store", pass_delay_s=PASS_DELAY_S)
+    store_args = ["--url", url, "--namespace", namespace, "--deployment", "d1"]
+    takeovers: list[Takeover] = []
+    try:
+        mesh.start()
+        conductor = mesh.start_conductor(store_args)
+        _wait_setup_done(mesh, conductor)
+        t0 = time.monotonic()
+        for rid in REQUEST_IDS:
+            mesh.api.submit(rid)
+        for _ in range(N_KILLS):
+            time.sleep(rng.uniform(0.05, 0.6))
+            t = Takeover("kill", time.time(), len(mesh.api.unanswered()))
+            _signal_group(conductor.proc, signal.SIGKILL)
+            conductor.proc.wait(10)
+            conductor = mesh.start_conductor([*store_args, "--attach"])
+            _wait_successor(mesh, conductor, t.at)
+            t.attached = conductor.attached()
+            takeovers.append(t)
+        # once stopped instead of killed: the successor takes over; the resumed one must go
+        time.sleep(rng.uniform(0.05, 0.6))
+        stopped = conductor
+        t = Takeover("stop", time.time(), len(mesh.api.unanswered()))
+        _signal_group(stopped.proc, signal.SIGSTOP)
+        conductor = mesh.start_conductor([*store_args, "--attach"])
+        _wait_successor(mesh, conductor, t.at)
+        t.attached = conductor.attached()
+        _signal_group(stopped.proc, signal.SIGCONT)
+        try:
+            t.fenced_returncode = stopped.proc.wait(FENCED_EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            t.fenced_returncode = None
+        takeovers.append(t)
+
+        missing = mesh.api.wait_all(ANSWER_TIMEOUT_S)
+        seconds = time.monotonic() - t0
+        time.sleep(0.3)
+    finally:
+        mesh.close()
+    result = _collect(mesh, seconds)
+    # the first message a stand-in received after each takeover began
+    received = sorted([r["t"] for r in result.records if r.get("ev") == "recv"] + mesh.api.received)
+    for t in takeovers:
+        t.first_message = next((x for x in received if x > t.at), None)
+    result.notes = {
+        "takeovers": takeovers,
+        "missing": missing,
+        "stderr": {c.stderr_path.name: c.stderr()[-3000:] for c in mesh.conductors},
+    }
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    return oracle_run(tmp_path_factory.mktemp("kill"))
+
+
+def test_oracle_run(oracle: RunResult) -> None:
+    """The harness itself: the engine's conductor completes every request, each with the
+    passes the model scripts, every tensor unpersisted once."""
+    assert set(oracle.answers) == set(REQUEST_IDS)
+    expected = _expected_passes()
+    finals = {p: n - 1 for p, (n, _) in kill_model.expected_passes().items()}
+    first_shape = None
+    for rid in REQUEST_IDS:
+        assert [kind for kind, _ in oracle.answers[rid]] == ["request_complete"], rid
+        assert oracle.passes[rid] == expected, rid
+        outputs = oracle.final_outputs(rid)
+        assert {k: v["wg_fwd_pass_idx"] for k, v in outputs.items()} == {
+            f"{p}_out": n for p, n in finals.items()
+        }, rid
+        unpersisted = oracle.unpersists[rid]
+        assert all(len(counts) == 1 for counts in unpersisted.values()), rid
+        # The same tensors, with the same counts, for every request: the model's decisions do
+        # not depend on timing. (A tensor never fed to a pass has no ref count and the engine
+        # never unpersists it, so not every persisted tensor is here.)
+        shape = {(e, u.removeprefix(rid)): c for (e, u), c in unpersisted.items()}
+        if first_shape is None:
+            first_shape = shape
+        assert shape == first_shape, rid
+    print(
+        f"\noracle run: {N_REQUESTS} requests in {oracle.seconds:.2f} s; "
+        f"unpersisted per request: {first_shape}"
+    )
+
+
+@pytest.fixture
+def redis_url() -> str:
+    import redis
+
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        redis.Redis.from_url(url).ping()
+    except redis.RedisError as exc:
+        pytest.skip(f"no Redis at {url}: {exc}")
+    return url
+
+
+def _delete_namespace(url: str, namespace: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", namespace) + ":*"
+    batch = []
+    for key in client.scan_iter(match=pattern, count=500):
+        batch.append(key)
+        if len(batch) >= 500:
+            client.delete(*batch)
+            batch = []
+    if batch:
+        client.delete(*batch)
+    client.close()
+
+
+@pytest.mark.skipif(
+    not HAVE_ENTRY_POINT, reason="store.integrations.mstar (the store-backed conductor) missing"
+)
+def test_kill(oracle: RunResult, redis_url: str, tmp_path: Path) -> None:
+    namespace = f"kill-{uuid.uuid4().hex[:12]}"
+    seed = int(os.environ.get("KILL_TEST_SEED", random.randrange(2**32)))
+    print(f"\nkill test: namespace {namespace}, seed {seed}")
+    try:
+        run = store_run(tmp_path, redis_url, namespace, random.Random(seed))
+    finally:
+        _delete_namespace(redis_url, namespace)
+
+    takeovers: list[Takeover] = run.notes["takeovers"]
+    completed = [
+        r for r in REQUEST_IDS if run.answers.get(r, [("", None)])[0][0] == "request_complete"
+    ]
+    failed = [r for r in REQUEST_IDS if run.answers.get(r, [("", None)])[0][0] == "request_failed"]
+    print(f"store run: {len(completed)} completed, {len(failed)} failed, in {run.seconds:.2f} s")
+    for t in takeovers:
+        first = f"{t.first_message - t.at:.2f} s" if t.first_message else "never"
+        print(
+            f"  {t.kind}: {t.in_flight} in flight; successor's first message after {first}; "
+            f"attached {t.attached}"
+            + (f"; fenced exit {t.fenced_returncode}" if t.kind == "stop" else "")
+        )
+
+    problems: list[str] = []
+    if run.notes["missing"]:
+        problems.append(f"unanswered after {ANSWER_TIMEOUT_S} s: {run.notes['missing']}")
+    if set(run.answers) - set(REQUEST_IDS):
+        problems.append(
+            f"answers for unknown requests: {sorted(set(run.answers) - set(REQUEST_IDS))}"
+        )
+    for rid in REQUEST_IDS:
+        answers = run.answers.get(rid, [])
+        if len(answers) > 1:
+            problems.append(f"{rid}: answered {len(answers)} times: {[k for k, _ in answers]}")
+        twice = {k: n for k, n in run.passes.get(rid, Counter()).items() if n > 1}
+        if twice:
+            problems.append(f"{rid}: passes run more than once: {twice}")
+        if not answers:
+            continue
+        kind, body = answers[0]
+        if kind == "request_complete":
+            if _plain(body.final_outputs) != oracle.final_outputs(rid):
+                problems.append(
+                    f"{rid}: final_outputs {_plain(body.final_outputs)} != "
+                    f"{oracle.final_outputs(rid)}"
+                )
+            if run.passes.get(rid) != oracle.passes[rid]:
+                problems.append(f"{rid}: passes {run.passes.get(rid)} != {oracle.passes[rid]}")
+            if run.unpersists.get(rid) != oracle.unpersists[rid]:
+                problems.append(
+                    f"{rid}: unpersists {run.unpersists.get(rid)} != {oracle.unpersists[rid]}"
+                )
+        elif "conductor" not in body.error_message.lower():
+            problems.append(f"{rid}: failed without naming the conductor: {body.error_message!r}")
+
+    stop = [t for t in takeovers if t.kind == "stop"]
+    for t in stop:
+        if t.fenced_returncode is None:
+            problems.append(f"the resumed conductor did not exit within {FENCED_EXIT_TIMEOUT_S} s")
+        elif t.fenced_returncode == 0:
+            problems.append("the resumed (fenced) conductor exited with 0")
+    if problems:
+        tail = "\n".join(f"--- {k}\n{v}" for k, v in run.notes["stderr"].items())
+        pytest.fail("\n".join(problems[:60]) + f"\n({len(problems)} problems)\n{tail}")
