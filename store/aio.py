@@ -19,7 +19,7 @@ from store.io.connect import aclose_client, async_client_from_url
 from store.io.wire import describe_client
 from store.observe import Instruments
 from store.ops import conductor as conductor_ops
-from store.ops import fields, lifecycle, merges, reads, reports, server
+from store.ops import deployments, fields, lifecycle, merges, reads, reports, server
 from store.ops import leases as lease_ops
 from store.ops.calls import Reconnect
 from store.ops.core import Core
@@ -145,6 +145,11 @@ class AsyncRequestStore(StoreSettings):
     load_conductor_request = async_method(conductor_ops.load_conductor_request)
     list_conductor_requests = async_method(conductor_ops.list_conductor_requests)
     claim_conductor_request = async_method(conductor_ops.claim_conductor_request)
+    save_conductor_request = async_method(conductor_ops.save_conductor_request)
+    drop_conductor_request = async_method(conductor_ops.drop_conductor_request)
+    start_deployment = async_method(deployments.start_deployment)
+    attach_deployment = async_method(deployments.attach_deployment)
+    deployment_epoch = async_method(deployments.deployment_epoch)
     # -- the server
     check_server = async_method(server.check_server)
     check_eviction = async_method(server.check_eviction)

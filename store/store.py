@@ -44,7 +44,7 @@ from store.io.wire import describe_client
 from store.keys import KeySpace
 from store.observe import Instruments
 from store.ops import conductor as conductor_ops
-from store.ops import fields, lifecycle, merges, reads, reports, server
+from store.ops import deployments, fields, lifecycle, merges, reads, reports, server
 from store.ops import leases as lease_ops
 from store.ops.calls import DEFAULT_RECONNECT, Reconnect
 from store.ops.core import Core
@@ -261,6 +261,11 @@ class RequestStore(StoreSettings):
     load_conductor_request = sync_method(conductor_ops.load_conductor_request)
     list_conductor_requests = sync_method(conductor_ops.list_conductor_requests)
     claim_conductor_request = sync_method(conductor_ops.claim_conductor_request)
+    save_conductor_request = sync_method(conductor_ops.save_conductor_request)
+    drop_conductor_request = sync_method(conductor_ops.drop_conductor_request)
+    start_deployment = sync_method(deployments.start_deployment)
+    attach_deployment = sync_method(deployments.attach_deployment)
+    deployment_epoch = sync_method(deployments.deployment_epoch)
     # -- the server
     check_server = sync_method(server.check_server)
     check_eviction = sync_method(server.check_eviction)

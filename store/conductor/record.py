@@ -13,8 +13,9 @@ the engine's. Decided field by field (docs/conductor.md has the table):
 - added: ``worker_graph_walks`` (each worker graph's walks: the deployment map that sets a
   partition's next worker graphs, whose ids a restarted conductor would compute afresh),
   ``teardown`` (the engine's ``DrainingRequest``), ``early_reads_done`` and ``aborted_early``
-  (teardown messages that outran their request), and ``concluded`` (``RequestComplete``
-  was sent).
+  (teardown messages that outran their request), ``concluded`` (the request is complete),
+  ``owner`` (the deployment whose conductor drives it) and ``answered`` (the API server was
+  sent its ``RequestComplete`` or ``RequestFailed``).
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class ConductorRequest:
     early_reads_done: set[str] = field(default_factory=set)
     aborted_early: bool = False
     concluded: bool = False
+    owner: str = ""
+    answered: bool = False
 
     def workers(self) -> set[str]:
         """Every worker the request is assigned to (the engine's ``_request_workers``)."""

@@ -311,6 +311,38 @@ def list_conductor_requests(core: Core) -> Op[list[str]]:
     return [i.decode() for i in ids]
 
 
+def save_conductor_request(
+    core: Core, request: ConductorRequest, *, op_id: str | None = None, lease: Lease | None = None
+) -> Op[None]:
+    """Write ``request`` whole, as a conductor that decided with the engine's own code holds
+    it now (``store.integrations.mstar``): the store records the engine's result. Only the
+    fields that changed are sent; fenced, on the version last read, once per op id."""
+    _check_request(core, request)
+    rid = request.request_id
+
+    def change(stored: Stored) -> _Write:
+        if stored.gone:
+            raise RequestNotFound("request was torn down", request_id=rid)
+        return _Write([], request=request, index=None if stored.request else "add")
+
+    yield from _apply(core, rid, op_id, lease, change)
+
+
+def drop_conductor_request(
+    core: Core, request_id: str, *, op_id: str | None = None, lease: Lease | None = None
+) -> Op[None]:
+    """The request was torn down (the engine popped it): keep only its op results, until
+    they expire."""
+    rid = validate_request_id(request_id)
+
+    def change(stored: Stored) -> _Write | None:
+        if stored.gone or (stored.request is None and stored.early is None):
+            return None
+        return _Write([], gone=True, index="remove")
+
+    yield from _apply(core, rid, op_id, lease, change)
+
+
 def claim_conductor_request(
     core: Core, request_id: str, holder: str, *, ttl: float | None = None
 ) -> Op[Lease | None]:
