@@ -59,6 +59,7 @@ STARTUP_TIMEOUT_S = 60.0
 FENCED_EXIT_TIMEOUT_S = 10.0
 # Slows the stand-in workers in the store run so requests stay in flight across the kills.
 PASS_DELAY_S = float(os.environ.get("KILL_TEST_PASS_DELAY", "0.004"))
+STALL_TIMEOUT_S = float(os.environ.get("KILL_TEST_STALL_TIMEOUT", "5"))
 REQUEST_IDS = [f"kill-{i:03d}" for i in range(N_REQUESTS)]
 ATTACHED = re.compile(r"attached: (\d+) requests in ([0-9.]+) ?s")
 
@@ -303,25 +304,27 @@ class Takeover:
     kind: str  # "kill" or "stop"
     at: float  # when the predecessor was killed (stopped)
     in_flight: int  # requests unanswered then
-    attached: tuple[int, float] | None = None  # the successor's own report
-    first_message: float | None = None  # successor's first message to a stand-in, after ``at``
+    attached: tuple[int, float] | None = None  # the successor's own report (requests, s)
+    attached_seen: float | None = None  # when its "attached:" line was first seen
+    # the first message a stand-in received after that: the successor's (its predecessor is
+    # dead or stopped), give or take a stand-in's backlog of older messages
+    first_message: float | None = None
     fenced_returncode: int | None = None
 
 
-def _wait_successor(mesh: Mesh, successor: ConductorProc, since: float) -> None:
-    """Until the successor reports itself attached (or, failing that, a stand-in hears from
-    a conductor again)."""
+def _wait_successor(successor: ConductorProc, takeover: Takeover) -> None:
+    """Until the successor reports itself attached."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if successor.proc.poll() is not None:
             pytest.fail(
                 f"successor exited with {successor.proc.returncode}:\n{successor.stderr()[-4000:]}"
             )
-        if successor.attached() is not None:
+        attached = successor.attached()
+        if attached is not None:
+            takeover.attached, takeover.attached_seen = attached, time.time()
             return
-        if mesh.api.last_received > since and not mesh.api.unanswered():
-            return  # nothing left in flight to hear about
-        time.sleep(0.02)
+        time.sleep(0.01)
     pytest.fail(f"successor never attached:\n{successor.stderr()[-4000:]}")
 
 
@@ -329,6 +332,9 @@ def store_run(base: Path, url: str, namespace: str, rng: random.Random) -> RunRe
     """The store-backed conductor, killed and replaced while requests are in flight."""
     mesh = Mesh(base, "store", pass_delay_s=PASS_DELAY_S)
     store_args = ["--url", url, "--namespace", namespace, "--deployment", "d1"]
+    # a recovered request no report moves is failed after this (the default, 60 s, is longer
+    # than the test)
+    store_args += ["--stall-timeout", str(STALL_TIMEOUT_S)]
     takeovers: list[Takeover] = []
     try:
         mesh.start()
@@ -343,8 +349,7 @@ def store_run(base: Path, url: str, namespace: str, rng: random.Random) -> RunRe
             _signal_group(conductor.proc, signal.SIGKILL)
             conductor.proc.wait(10)
             conductor = mesh.start_conductor([*store_args, "--attach"])
-            _wait_successor(mesh, conductor, t.at)
-            t.attached = conductor.attached()
+            _wait_successor(conductor, t)
             takeovers.append(t)
         # once stopped instead of killed: the successor takes over; the resumed one must go
         time.sleep(rng.uniform(0.05, 0.6))
@@ -352,8 +357,7 @@ def store_run(base: Path, url: str, namespace: str, rng: random.Random) -> RunRe
         t = Takeover("stop", time.time(), len(mesh.api.unanswered()))
         _signal_group(stopped.proc, signal.SIGSTOP)
         conductor = mesh.start_conductor([*store_args, "--attach"])
-        _wait_successor(mesh, conductor, t.at)
-        t.attached = conductor.attached()
+        _wait_successor(conductor, t)
         _signal_group(stopped.proc, signal.SIGCONT)
         try:
             t.fenced_returncode = stopped.proc.wait(FENCED_EXIT_TIMEOUT_S)
@@ -370,7 +374,8 @@ def store_run(base: Path, url: str, namespace: str, rng: random.Random) -> RunRe
     # the first message a stand-in received after each takeover began
     received = sorted([r["t"] for r in result.records if r.get("ev") == "recv"] + mesh.api.received)
     for t in takeovers:
-        t.first_message = next((x for x in received if x > t.at), None)
+        since = t.attached_seen or t.at
+        t.first_message = next((x for x in received if x > since), None)
     result.notes = {
         "takeovers": takeovers,
         "missing": missing,
@@ -459,57 +464,89 @@ def test_kill(oracle: RunResult, redis_url: str, tmp_path: Path) -> None:
         _delete_namespace(redis_url, namespace)
 
     takeovers: list[Takeover] = run.notes["takeovers"]
-    completed = [
-        r for r in REQUEST_IDS if run.answers.get(r, [("", None)])[0][0] == "request_complete"
-    ]
-    failed = [r for r in REQUEST_IDS if run.answers.get(r, [("", None)])[0][0] == "request_failed"]
+    completed = [r for r in REQUEST_IDS if _first_kind(run, r) == "request_complete"]
+    failed = [r for r in REQUEST_IDS if _first_kind(run, r) == "request_failed"]
     print(f"store run: {len(completed)} completed, {len(failed)} failed, in {run.seconds:.2f} s")
     for t in takeovers:
-        first = f"{t.first_message - t.at:.2f} s" if t.first_message else "never"
-        print(
-            f"  {t.kind}: {t.in_flight} in flight; successor's first message after {first}; "
-            f"attached {t.attached}"
-            + (f"; fenced exit {t.fenced_returncode}" if t.kind == "stop" else "")
-        )
+        print(f"  {_describe(t)}")
 
-    problems: list[str] = []
+    problems = _problems(run, oracle)
+    for t in takeovers:
+        if t.kind != "stop":
+            continue
+        if t.fenced_returncode is None:
+            problems["fencing"].append(
+                f"the resumed conductor did not exit within {FENCED_EXIT_TIMEOUT_S} s"
+            )
+        elif t.fenced_returncode == 0:
+            problems["fencing"].append("the resumed (fenced) conductor exited with 0")
+    if problems:
+        lines = []
+        for what, items in problems.items():
+            lines.append(f"== {what}: {len(items)}")
+            lines += [f"   {x}" for x in items[:8]]
+        tails = "\n".join(f"--- {k}\n{v[-600:]}" for k, v in run.notes["stderr"].items())
+        pytest.fail("\n".join(lines) + "\n" + tails)
+
+
+def _first_kind(run: RunResult, rid: str) -> str | None:
+    answers = run.answers.get(rid)
+    return answers[0][0] if answers else None
+
+
+def _describe(t: Takeover) -> str:
+    def since(x: float | None, start: float | None) -> str:
+        return f"{x - start:.2f} s" if x is not None and start is not None else "never"
+
+    text = (
+        f"{t.kind}: {t.in_flight} in flight; attached {t.attached} seen after "
+        f"{since(t.attached_seen, t.at)}; first message to a stand-in after "
+        f"{since(t.first_message, t.at)} ({since(t.first_message, t.attached_seen)} after attach)"
+    )
+    if t.kind == "stop":
+        text += f"; the resumed one exited with {t.fenced_returncode}"
+    return text
+
+
+def _diff(got: dict[Any, Any] | None, want: dict[Any, Any]) -> str:
+    got = got or {}
+    missing = {k: want[k] for k in want if k not in got}
+    extra = {k: got[k] for k in got if k not in want}
+    changed = {k: (got[k], want[k]) for k in got if k in want and got[k] != want[k]}
+    return f"missing {missing}, extra {extra}, changed (got, oracle) {changed}"
+
+
+def _problems(run: RunResult, oracle: RunResult) -> dict[str, list[str]]:
+    problems: dict[str, list[str]] = defaultdict(list)
     if run.notes["missing"]:
-        problems.append(f"unanswered after {ANSWER_TIMEOUT_S} s: {run.notes['missing']}")
-    if set(run.answers) - set(REQUEST_IDS):
-        problems.append(
-            f"answers for unknown requests: {sorted(set(run.answers) - set(REQUEST_IDS))}"
-        )
+        problems["unanswered"] = list(run.notes["missing"])
+    problems["answers for unknown requests"] = sorted(set(run.answers) - set(REQUEST_IDS))
     for rid in REQUEST_IDS:
         answers = run.answers.get(rid, [])
         if len(answers) > 1:
-            problems.append(f"{rid}: answered {len(answers)} times: {[k for k, _ in answers]}")
+            same = all(_plain(b) == _plain(answers[0][1]) for _, b in answers)
+            problems["answered more than once"].append(
+                f"{rid}: {[k for k, _ in answers]} ({'equal' if same else 'different'})"
+            )
         twice = {k: n for k, n in run.passes.get(rid, Counter()).items() if n > 1}
         if twice:
-            problems.append(f"{rid}: passes run more than once: {twice}")
+            problems["a pass run more than once"].append(f"{rid}: {twice}")
         if not answers:
             continue
         kind, body = answers[0]
         if kind == "request_complete":
             if _plain(body.final_outputs) != oracle.final_outputs(rid):
-                problems.append(
-                    f"{rid}: final_outputs {_plain(body.final_outputs)} != "
-                    f"{oracle.final_outputs(rid)}"
+                problems["final_outputs differ from the oracle's"].append(
+                    f"{rid}: {_diff(_plain(body.final_outputs), oracle.final_outputs(rid))}"
                 )
             if run.passes.get(rid) != oracle.passes[rid]:
-                problems.append(f"{rid}: passes {run.passes.get(rid)} != {oracle.passes[rid]}")
+                problems["passes differ from the oracle's"].append(
+                    f"{rid}: {_diff(run.passes.get(rid), oracle.passes[rid])}"
+                )
             if run.unpersists.get(rid) != oracle.unpersists[rid]:
-                problems.append(
-                    f"{rid}: unpersists {run.unpersists.get(rid)} != {oracle.unpersists[rid]}"
+                problems["unpersisted ref counts differ from the oracle's"].append(
+                    f"{rid}: {_diff(run.unpersists.get(rid), oracle.unpersists[rid])}"
                 )
         elif "conductor" not in body.error_message.lower():
-            problems.append(f"{rid}: failed without naming the conductor: {body.error_message!r}")
-
-    stop = [t for t in takeovers if t.kind == "stop"]
-    for t in stop:
-        if t.fenced_returncode is None:
-            problems.append(f"the resumed conductor did not exit within {FENCED_EXIT_TIMEOUT_S} s")
-        elif t.fenced_returncode == 0:
-            problems.append("the resumed (fenced) conductor exited with 0")
-    if problems:
-        tail = "\n".join(f"--- {k}\n{v}" for k, v in run.notes["stderr"].items())
-        pytest.fail("\n".join(problems[:60]) + f"\n({len(problems)} problems)\n{tail}")
+            problems["failed without naming the conductor"].append(f"{rid}: {body.error_message!r}")
+    return {k: v for k, v in problems.items() if v}
