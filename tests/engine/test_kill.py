@@ -58,7 +58,10 @@ ANSWER_TIMEOUT_S = float(os.environ.get("KILL_TEST_TIMEOUT", "120"))
 STARTUP_TIMEOUT_S = 60.0
 FENCED_EXIT_TIMEOUT_S = 10.0
 # Slows the stand-in workers in the store run so requests stay in flight across the kills.
-PASS_DELAY_S = float(os.environ.get("KILL_TEST_PASS_DELAY", "0.004"))
+PASS_DELAY_S = float(os.environ.get("KILL_TEST_PASS_DELAY", "0.04"))
+# How long each conductor runs before it is killed (after it attached), in seconds: long
+# enough for reports to move requests, short enough that they are still in flight.
+KILL_AFTER_S = (0.3, 1.5)
 STALL_TIMEOUT_S = float(os.environ.get("KILL_TEST_STALL_TIMEOUT", "5"))
 REQUEST_IDS = [f"kill-{i:03d}" for i in range(N_REQUESTS)]
 ATTACHED = re.compile(r"attached: (\d+) requests in ([0-9.]+) ?s")
@@ -343,27 +346,31 @@ def store_run(base: Path, url: str, namespace: str, rng: random.Random) -> RunRe
         t0 = time.monotonic()
         for rid in REQUEST_IDS:
             mesh.api.submit(rid)
-        for _ in range(N_KILLS):
-            time.sleep(rng.uniform(0.05, 0.6))
-            t = Takeover("kill", time.time(), len(mesh.api.unanswered()))
-            _signal_group(conductor.proc, signal.SIGKILL)
-            conductor.proc.wait(10)
+        # N_KILLS SIGKILLs and, at a random place after the first, one SIGSTOP: the successor
+        # takes over, then the stopped one resumes and must go. (The workers' connections to
+        # the stopped one stay with it - a successor binding the same IPC path gets only new
+        # ones - so the reports it swallows before it exits are lost: most requests in
+        # flight then fail, cleanly.)
+        kinds = ["kill"] * N_KILLS
+        kinds.insert(rng.randrange(1, N_KILLS + 1), "stop")
+        for kind in kinds:
+            time.sleep(rng.uniform(*KILL_AFTER_S))
+            predecessor = conductor
+            t = Takeover(kind, time.time(), len(mesh.api.unanswered()))
+            if kind == "kill":
+                _signal_group(predecessor.proc, signal.SIGKILL)
+                predecessor.proc.wait(10)
+            else:
+                _signal_group(predecessor.proc, signal.SIGSTOP)
             conductor = mesh.start_conductor([*store_args, "--attach"])
             _wait_successor(conductor, t)
+            if kind == "stop":
+                _signal_group(predecessor.proc, signal.SIGCONT)
+                try:
+                    t.fenced_returncode = predecessor.proc.wait(FENCED_EXIT_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    t.fenced_returncode = None
             takeovers.append(t)
-        # once stopped instead of killed: the successor takes over; the resumed one must go
-        time.sleep(rng.uniform(0.05, 0.6))
-        stopped = conductor
-        t = Takeover("stop", time.time(), len(mesh.api.unanswered()))
-        _signal_group(stopped.proc, signal.SIGSTOP)
-        conductor = mesh.start_conductor([*store_args, "--attach"])
-        _wait_successor(conductor, t)
-        _signal_group(stopped.proc, signal.SIGCONT)
-        try:
-            t.fenced_returncode = stopped.proc.wait(FENCED_EXIT_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            t.fenced_returncode = None
-        takeovers.append(t)
 
         missing = mesh.api.wait_all(ANSWER_TIMEOUT_S)
         seconds = time.monotonic() - t0
