@@ -61,7 +61,9 @@ FENCED_EXIT_TIMEOUT_S = 10.0
 PASS_DELAY_S = float(os.environ.get("KILL_TEST_PASS_DELAY", "0.04"))
 # How long each conductor runs before it is killed (after it attached), in seconds: long
 # enough for reports to move requests, short enough that they are still in flight.
-KILL_AFTER_S = (0.3, 1.5)
+KILL_AFTER_S = tuple(
+    float(x) for x in os.environ.get("KILL_TEST_KILL_AFTER", "0.3,1.5").split(",", 1)
+)
 STALL_TIMEOUT_S = float(os.environ.get("KILL_TEST_STALL_TIMEOUT", "5"))
 REQUEST_IDS = [f"kill-{i:03d}" for i in range(N_REQUESTS)]
 ATTACHED = re.compile(r"attached: (\d+) requests in ([0-9.]+) ?s")
@@ -352,7 +354,8 @@ def store_run(base: Path, url: str, namespace: str, rng: random.Random) -> RunRe
         # ones - so the reports it swallows before it exits are lost: most requests in
         # flight then fail, cleanly.)
         kinds = ["kill"] * N_KILLS
-        kinds.insert(rng.randrange(1, N_KILLS + 1), "stop")
+        stop_at = os.environ.get("KILL_TEST_STOP_AT")  # 0..N_KILLS: a fixed place
+        kinds.insert(int(stop_at) if stop_at else rng.randrange(1, N_KILLS + 1), "stop")
         for kind in kinds:
             time.sleep(rng.uniform(*KILL_AFTER_S))
             predecessor = conductor
