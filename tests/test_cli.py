@@ -189,6 +189,39 @@ def test_ls_prints_one_line_of_progress_per_request(run: Run, store: RequestStor
     assert lines[2].endswith("llm: pass 1 tokens 3  codec: pass 0 tokens 0 [done]  llm->codec 3/2")
 
 
+def test_ls_lists_the_requests_of_every_m_star_conductor(run: Run, store: RequestStore) -> None:
+    from store.conductor import ConductorRequest
+    from store.types import (
+        CurrentForwardConductorMetadata,
+        PartitionState,
+        StreamingConnectionState,
+    )
+
+    seed_request(store, "r-1")
+    for rid, owner in (("c-1", "east"), ("c-2", "west")):
+        walk = CurrentForwardConductorMetadata(graph_walk="decode", is_prefill=False)
+        parts = {n: PartitionState(n, walk, fwd_pass_number=2) for n in ("llm", "codec")}
+        conns = {"llm->codec": StreamingConnectionState("llm", "codec", "text", token_count=3)}
+        request = ConductorRequest(
+            rid, {}, {}, {"wg": ["worker_0"]}, {"wg"}, 9, 0, {},
+            partition_states=parts, streaming_connections=conns, owner=owner,
+        )  # fmt: skip
+        store.ingest_request(request)
+    store.abort_request("c-2", now=0.0)
+
+    result = run("ls")
+
+    lines = result.out.splitlines()
+    assert result.code == 0
+    assert lines[2] == f"2 requests held by M* conductors in namespace {store.keys.namespace!r}"
+    assert (
+        lines[3]
+        == "c-1  deployment east  llm: pass 2 tokens 0  codec: pass 2 tokens 0  llm->codec 3/0"
+    )
+    assert lines[4].startswith("c-2  deployment west  llm: pass 2")
+    assert lines[4].endswith("tearing down (waits for api_server_preprocess_worker, worker_0)")
+
+
 def test_ls_flags_an_index_entry_without_its_request(
     run: Run, store: RequestStore, client: redis.Redis
 ) -> None:
