@@ -32,10 +32,12 @@ from store.errors import (
     RequestExistsError,
     RequestNotFound,
     SchemaVersionError,
+    StoreError,
     TransactionConflictError,
     ValidationError,
 )
 from store.keys import validate_request_id
+from store.ops.batch import gather
 from store.ops.calls import hash_reply
 from store.ops.core import Core
 from store.ops.effects import Op
@@ -328,6 +330,33 @@ def save_conductor_request(
         return _Write([], request=request, index=None if stored.request else "add")
 
     yield from _apply(core, rid, op_id, lease, change, label="save")
+
+
+def save_conductor_requests(
+    core: Core, requests: Sequence[ConductorRequest], leases: Sequence[Lease | None]
+) -> Op[list[StoreError | None]]:
+    """``save_conductor_request`` of many requests at once, pipelined (one round trip for
+    all that this client wrote last). One entry per request: None, or the error it met."""
+    if len(leases) != len(requests):
+        raise ValidationError(f"{len(leases)} leases for {len(requests)} requests")
+    ops = [
+        save_conductor_request(core, r, lease=lease)
+        for r, lease in zip(requests, leases, strict=True)
+    ]
+    return (yield from gather(ops))
+
+
+def drop_conductor_requests(
+    core: Core, request_ids: Sequence[str], leases: Sequence[Lease | None]
+) -> Op[list[StoreError | None]]:
+    """``drop_conductor_request`` of many requests at once, pipelined."""
+    if len(leases) != len(request_ids):
+        raise ValidationError(f"{len(leases)} leases for {len(request_ids)} requests")
+    ops = [
+        drop_conductor_request(core, rid, lease=lease)
+        for rid, lease in zip(request_ids, leases, strict=True)
+    ]
+    return (yield from gather(ops))
 
 
 def drop_conductor_request(

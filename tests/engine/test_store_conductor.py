@@ -36,9 +36,12 @@ from store.conductor.convert import HELD_FIELDS
 from store.errors import RequestNotFound
 from store.integrations.mstar import StoreConductor
 from tests.engine.oracle import (
+    PartitionShape,
     RecordingCommunicator,
     ScriptedModel,
     Shape,
+    StageShape,
+    WalkShape,
     choices,
     finishing_messages,
     make_conductor,
@@ -145,3 +148,29 @@ def test_the_store_backed_conductor_is_the_engine_and_takes_over(
         assert not engine.requests and not ours.requests
         run_loop_once(ours, [])
         assert store.list_conductor_requests() == []
+
+
+def test_a_turn_whose_state_was_not_stored_sends_nothing_until_it_is(tmp_path: Path) -> None:
+    """The store is away for a turn: its messages wait (none leaves before its state is
+    stored), no new message is taken, and the next turn sends them once."""
+    from store.errors import StoreConnectionError
+
+    stage = StageShape(("default_s0n0",), (0, 1))
+    walk = WalkShape("default_prefill", (0,))
+    shape = Shape(partitions=(PartitionShape("default", (stage,), (walk,), passes=2),))
+    store = RequestStore(fakeredis.FakeRedis(), namespace="away")
+    with quiet_conductor_logs():
+        ours = _store_conductor(shape, tmp_path, store, attach=False)
+        engine = make_conductor(shape, tmp_path / "engine")
+        request = new_request_message(shape, "a", 1)
+        expected = run_loop_once(engine, [request])
+        run_loop_once(ours, [request])
+        with mock.patch.object(
+            store, "save_conductor_requests", side_effect=StoreConnectionError("away")
+        ):
+            held_back = run_loop_once(ours, [])
+        assert held_back.sent == []
+        assert store.list_conductor_requests() == []
+        flushed = run_loop_once(ours, [])
+    assert _canonical(_engine_sends(flushed.sent)) == _canonical(_engine_sends(expected.sent))
+    assert store.list_conductor_requests() == ["a"]
