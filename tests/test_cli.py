@@ -440,3 +440,19 @@ def test_version_names_the_package_and_the_schema(capsys: pytest.CaptureFixture[
     # The installed metadata is this source tree's (an editable install), and so is the schema.
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert printed.groups() == (pyproject["project"]["version"], str(SCHEMA_VERSION))
+
+
+def test_history_shows_what_an_m_star_conductor_did(run: Run, store: RequestStore) -> None:
+    from store.conductor import ConductorRequest
+    from store.types import CurrentForwardConductorMetadata, PartitionState
+
+    walk = CurrentForwardConductorMetadata(graph_walk="decode", is_prefill=False)
+    parts = {"llm": PartitionState("llm", walk)}
+    store.ingest_request(ConductorRequest("c-1", {}, {}, {"wg": ["w"]}, {"wg"}, 9, 0, {}, parts))
+    store.abort_request("c-1", now=0.0)
+
+    result = run("history", "c-1")
+
+    assert result.code == 0
+    assert "2 entries" in result.out and "no longer held" not in result.out
+    assert "ingest" in result.out and "abort" in result.out
