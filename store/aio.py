@@ -147,6 +147,8 @@ class AsyncRequestStore(StoreSettings):
     claim_conductor_request = async_method(conductor_ops.claim_conductor_request)
     save_conductor_request = async_method(conductor_ops.save_conductor_request)
     drop_conductor_request = async_method(conductor_ops.drop_conductor_request)
+    save_conductor_requests = async_method(conductor_ops.save_conductor_requests)
+    drop_conductor_requests = async_method(conductor_ops.drop_conductor_requests)
     start_deployment = async_method(deployments.start_deployment)
     attach_deployment = async_method(deployments.attach_deployment)
     deployment_epoch = async_method(deployments.deployment_epoch)

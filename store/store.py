@@ -263,6 +263,8 @@ class RequestStore(StoreSettings):
     claim_conductor_request = sync_method(conductor_ops.claim_conductor_request)
     save_conductor_request = sync_method(conductor_ops.save_conductor_request)
     drop_conductor_request = sync_method(conductor_ops.drop_conductor_request)
+    save_conductor_requests = sync_method(conductor_ops.save_conductor_requests)
+    drop_conductor_requests = sync_method(conductor_ops.drop_conductor_requests)
     start_deployment = sync_method(deployments.start_deployment)
     attach_deployment = sync_method(deployments.attach_deployment)
     deployment_epoch = sync_method(deployments.deployment_epoch)

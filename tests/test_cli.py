@@ -189,6 +189,39 @@ def test_ls_prints_one_line_of_progress_per_request(run: Run, store: RequestStor
     assert lines[2].endswith("llm: pass 1 tokens 3  codec: pass 0 tokens 0 [done]  llm->codec 3/2")
 
 
+def test_ls_lists_the_requests_of_every_m_star_conductor(run: Run, store: RequestStore) -> None:
+    from store.conductor import ConductorRequest
+    from store.types import (
+        CurrentForwardConductorMetadata,
+        PartitionState,
+        StreamingConnectionState,
+    )
+
+    seed_request(store, "r-1")
+    for rid, owner in (("c-1", "east"), ("c-2", "west")):
+        walk = CurrentForwardConductorMetadata(graph_walk="decode", is_prefill=False)
+        parts = {n: PartitionState(n, walk, fwd_pass_number=2) for n in ("llm", "codec")}
+        conns = {"llm->codec": StreamingConnectionState("llm", "codec", "text", token_count=3)}
+        request = ConductorRequest(
+            rid, {}, {}, {"wg": ["worker_0"]}, {"wg"}, 9, 0, {},
+            partition_states=parts, streaming_connections=conns, owner=owner,
+        )  # fmt: skip
+        store.ingest_request(request)
+    store.abort_request("c-2", now=0.0)
+
+    result = run("ls")
+
+    lines = result.out.splitlines()
+    assert result.code == 0
+    assert lines[2] == f"2 requests held by M* conductors in namespace {store.keys.namespace!r}"
+    assert (
+        lines[3]
+        == "c-1  deployment east  llm: pass 2 tokens 0  codec: pass 2 tokens 0  llm->codec 3/0"
+    )
+    assert lines[4].startswith("c-2  deployment west  llm: pass 2")
+    assert lines[4].endswith("tearing down (waits for api_server_preprocess_worker, worker_0)")
+
+
 def test_ls_flags_an_index_entry_without_its_request(
     run: Run, store: RequestStore, client: redis.Redis
 ) -> None:
@@ -407,3 +440,19 @@ def test_version_names_the_package_and_the_schema(capsys: pytest.CaptureFixture[
     # The installed metadata is this source tree's (an editable install), and so is the schema.
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert printed.groups() == (pyproject["project"]["version"], str(SCHEMA_VERSION))
+
+
+def test_history_shows_what_an_m_star_conductor_did(run: Run, store: RequestStore) -> None:
+    from store.conductor import ConductorRequest
+    from store.types import CurrentForwardConductorMetadata, PartitionState
+
+    walk = CurrentForwardConductorMetadata(graph_walk="decode", is_prefill=False)
+    parts = {"llm": PartitionState("llm", walk)}
+    store.ingest_request(ConductorRequest("c-1", {}, {}, {"wg": ["w"]}, {"wg"}, 9, 0, {}, parts))
+    store.abort_request("c-1", now=0.0)
+
+    result = run("history", "c-1")
+
+    assert result.code == 0
+    assert "2 entries" in result.out and "no longer held" not in result.out
+    assert "ingest" in result.out and "abort" in result.out

@@ -995,3 +995,27 @@ def test_an_encode_error_names_the_real_key(store: RequestStore) -> None:
     with pytest.raises(EncodeError) as refused:
         store.ingest_request(request)
     assert refused.value.key == store.keys.conductor(RID)
+
+
+# -- the request's history -----------------------------------------------------------------
+
+
+def test_every_write_and_every_fenced_one_is_in_the_history(
+    client: redis.Redis, store: RequestStore
+) -> None:
+    store.ingest_request(make_request())
+    lease = store.claim_conductor_request(RID, "a", ttl=30)
+    assert lease is not None
+    steps: list[Step] = [GraphsDone(wgd(["wgA"])), GraphsDone(wgd(["wgA"], rank0=False))]
+    store.apply_conductor_steps(RID, steps, lease=lease)
+    newer = store.claim_conductor_request(RID, "a", ttl=30)
+    assert newer is not None and newer.token > lease.token
+    with pytest.raises(FencedError):
+        store.reads_done(RID, "worker_0", lease=lease)
+    entries = client.xrange(store.keys.history(RID))
+    seen = [(e[b"op"], e[b"outcome"]) for _, e in entries]
+    assert seen == [
+        (b"ingest", b"applied"),
+        (b"graphs done x2", b"applied"),
+        (b"reads done worker_0", b"fenced"),
+    ]

@@ -64,7 +64,11 @@ def test_once_json_shows_the_numbers_of_the_namespace(
 
     assert result.code == 0, result.err
     frame = json.loads(result.out)
-    assert frame["requests"] == {"in_flight": 3, "finished_per_s": pytest.approx(6 / 60)}
+    assert frame["requests"] == {
+        "in_flight": 3,
+        "finished_per_s": pytest.approx(6 / 60),
+        "held_by_m_star_conductors": 0,
+    }
     # This minute's 30 passes count whole, the previous minute's 60 for 45 s of 60.
     assert frame["passes_per_s"] == pytest.approx((30 + 60 * 0.75) / 60)
     assert frame["reports_per_s"] == pytest.approx((60 + 120 * 0.75) / 60)
@@ -86,7 +90,11 @@ def test_once_json_shows_the_numbers_of_the_namespace(
 
 def test_an_empty_namespace_is_all_zeros(run: Run) -> None:
     frame = json.loads(run("top", "--once", "--json").out)
-    assert frame["requests"] == {"in_flight": 0, "finished_per_s": 0.0}
+    assert frame["requests"] == {
+        "in_flight": 0,
+        "finished_per_s": 0.0,
+        "held_by_m_star_conductors": 0,
+    }
     assert frame["steps_due"] == {"count": 0, "oldest_age_s": None, "oldest": None}
     assert frame["replicas"] == []
     assert set(frame["last_minute"].values()) == {0.0}
@@ -184,8 +192,9 @@ def test_a_frame_costs_the_same_however_many_requests_are_held(
         costs.append(sent[:])
     assert costs[0] == costs[1]
     if len(backends.masters(store.client)) == 1:  # a cluster spreads them over its nodes
-        # 7 namespace reads, 1 per live replica, INFO memory and stats; in 3 round trips.
-        assert sum(len(p) for p in costs[0]) == 10 and len(costs[0]) == 3
+        # 7 namespace reads; the M* requests' count with 1 per live replica; INFO memory
+        # and stats; in 3 round trips.
+        assert sum(len(p) for p in costs[0]) == 11 and len(costs[0]) == 3
     assert not any(b"{" in str(arg).encode() for p in costs[0] for c in p for arg in c)
 
 
@@ -220,3 +229,19 @@ def run_cluster(tmp_cluster: Any, namespace: str, capsys: pytest.CaptureFixture[
         return Result(code, out, err)
 
     return run
+
+
+def test_the_requests_of_m_star_conductors_are_counted(store: RequestStore) -> None:
+    from store.conductor import ConductorRequest
+    from store.types import CurrentForwardConductorMetadata, PartitionState
+
+    walk = CurrentForwardConductorMetadata(graph_walk="decode", is_prefill=False)
+    for rid in ("c-1", "c-2"):
+        parts = {"llm": PartitionState("llm", walk)}
+        request = ConductorRequest(rid, {}, {}, {"wg": ["w"]}, {"wg"}, 9, 0, {}, parts)
+        store.ingest_request(request)
+    frame = top.sample(store.client, KeySpace(store.keys.namespace), NOW, 5.0)
+    assert frame.conducted == 2
+    assert ("M* requests", "2 held by M* conductors (`mstar-store ls` lists them)") in (
+        top.summary_rows(frame, 5.0)
+    )

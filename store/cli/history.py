@@ -19,6 +19,7 @@ import msgspec
 
 from store.cli import main as cli
 from store.cli.main import add_common_options, open_store
+from store.errors import RequestNotFound
 from store.keys import validate_request_id
 from store.namespace import NamespaceReader
 from store.ops.calls import hash_reply
@@ -130,6 +131,15 @@ def _is_int(value: str) -> bool:
     return value.isascii() and value.lstrip("-").isdigit()
 
 
+def _conducted(store: Any, rid: str) -> bool:
+    """Held as an M* conductor keeps it (``store.conductor``)."""
+    try:
+        store.load_conductor_request(rid)
+    except RequestNotFound:
+        return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     rid = validate_request_id(args.request_id)
     with open_store(args) as store:
@@ -137,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             store.client, namespace=args.namespace, reconnect=cli.CLI_RECONNECT
         )
         entries = read_history(reader, store.keys.history(rid))
-        held = store.request_exists(rid)
+        held = store.request_exists(rid) or _conducted(store, rid)
         elsewhere = "" if entries or held else cli.held_elsewhere(args, rid, store.client)
     if args.json:
         encoded = msgspec.json.encode([to_json(e) for e in entries])

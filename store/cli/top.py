@@ -96,6 +96,7 @@ class Frame:
     silent: int  # replicas in the registry that did not beat within the window
     last_minute: dict[str, float]
     server: ServerStats | None  # None when INFO is refused (ACLs, some servers)
+    conducted: int = 0  # requests held by M* conductors (store.integrations.mstar)
 
     def per_second(self, counter: str) -> float:
         return self.last_minute[counter] / stats.SECONDS_PER_BUCKET
@@ -105,16 +106,17 @@ def sample(client: Any, keys: KeySpace, at: float, within: float) -> Frame:
     """Read one frame; its cost does not depend on how many requests are held."""
     reader = NamespaceReader(client, namespace=keys.namespace, reconnect=cli.CLI_RECONNECT)
     seen = stats.parse_overview(reader.read_many(stats.overview_reads(keys, at, within), {}), at)
-    replica_hashes = [
-        hash_reply(raw)
-        for (raw,) in reader.read_many(
-            [
+    (conducted,), *hashes = reader.read_many(
+        [
+            (keys.conductor_index, [("ZCARD", keys.conductor_index)]),
+            *[
                 (keys.replica_stats(rid), [("HGETALL", keys.replica_stats(rid))])
                 for rid, _ in seen.live
             ],
-            {},
-        )
-    ]
+        ],
+        {},
+    )
+    replica_hashes = [hash_reply(raw) for (raw,) in hashes]
     return Frame(
         namespace=keys.namespace,
         at=at,
@@ -129,6 +131,7 @@ def sample(client: Any, keys: KeySpace, at: float, within: float) -> Frame:
         silent=seen.registered - len(seen.live),
         last_minute=stats.last_minute(seen.current, seen.previous, at),
         server=server_stats(reader),
+        conducted=int(conducted),
     )
 
 
@@ -152,6 +155,7 @@ def to_json(frame: Frame) -> dict[str, Any]:
         "requests": {
             "in_flight": frame.in_flight,
             "finished_per_s": frame.per_second("finished"),
+            "held_by_m_star_conductors": frame.conducted,
         },
         "passes_per_s": frame.per_second("passes"),
         "reports_per_s": frame.per_second("reports"),
@@ -203,6 +207,7 @@ def summary_rows(frame: Frame, within: float) -> list[tuple[str, str]]:
     return [
         ("requests", f"{frame.in_flight} in flight, {frame.per_second('finished'):.1f} "
                      "finished/s"),
+        ("M* requests", f"{frame.conducted} held by M* conductors (`mstar-store ls` lists them)"),
         ("passes", f"{frame.per_second('passes'):.1f}/s, "
                    f"reports {frame.per_second('reports'):.1f}/s"),
         ("steps due", due),

@@ -80,25 +80,56 @@ def add_parser(subparsers: Any) -> None:
 def run_ls(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         ids = store.list_requests()
-        if not ids:
+        conducted = store.list_conductor_requests()
+        if not ids and not conducted:
             hint = held_elsewhere(args, client=store.client)
             print(f"no requests in namespace {args.namespace!r}{hint}")
             return 0
-        print(f"{len(ids)} request{'s' if len(ids) != 1 else ''} in namespace {args.namespace!r}")
-        width = max(len(rid) for rid in ids)
         now = time.time()
-        for rid in ids:
-            try:
-                line = summary_line(store.load_request(rid), now)
-                line += driver_summary(store.leases(rid), now)
-            except RequestNotFound:
-                line = gone(store.kept_until(rid), now)
-            except StoreError as e:  # one damaged request must not hide the others
-                line = unreadable(e)
-            except ValueError as e:  # an error the library has not typed: still one line
-                line = f"unreadable: {type(e).__name__}: {e}"
-            print(f"{rid:<{width}}  {line}")
+        if ids:
+            print(f"{_count(ids)} in namespace {args.namespace!r}")
+            width = max(len(rid) for rid in ids)
+            for rid in ids:
+                print(f"{rid:<{width}}  {_request_line(store, rid, now)}")
+        if conducted:
+            print(f"{_count(conducted)} held by M* conductors in namespace {args.namespace!r}")
+            width = max(len(rid) for rid in conducted)
+            for rid in conducted:
+                print(f"{rid:<{width}}  {_conducted_line(store, rid)}")
     return 0
+
+
+def _count(ids: list[str]) -> str:
+    return f"{len(ids)} request{'s' if len(ids) != 1 else ''}"
+
+
+def _request_line(store: Any, rid: str, now: float) -> str:
+    try:
+        return summary_line(store.load_request(rid), now) + driver_summary(store.leases(rid), now)
+    except RequestNotFound:
+        return gone(store.kept_until(rid), now)
+    except StoreError as e:  # one damaged request must not hide the others
+        return unreadable(e)
+    except ValueError as e:  # an error the library has not typed: still one line
+        return f"unreadable: {type(e).__name__}: {e}"
+
+
+def _conducted_line(store: Any, rid: str) -> str:
+    """One request as an M* conductor holds it: its deployment, each partition's pass and
+    tokens, each connection's, and its teardown."""
+    try:
+        held = store.load_conductor_request(rid)
+    except RequestNotFound:
+        return "torn down"
+    except StoreError as e:
+        return unreadable(e)
+    parts = [f"deployment {held.owner or '-'}"]
+    parts += [partition_progress(n, p) for n, p in held.partition_states.items()]
+    parts += [connection_progress(n, c) for n, c in held.streaming_connections.items()]
+    if held.teardown is not None:
+        waits = ", ".join(sorted(held.teardown.expected_acks)) or "nothing"
+        parts.append(f"tearing down (waits for {waits})")
+    return "  ".join(parts)
 
 
 def gone(kept_until: float | None, now: float) -> str:

@@ -32,10 +32,12 @@ from store.errors import (
     RequestExistsError,
     RequestNotFound,
     SchemaVersionError,
+    StoreError,
     TransactionConflictError,
     ValidationError,
 )
 from store.keys import validate_request_id
+from store.ops.batch import gather
 from store.ops.calls import hash_reply
 from store.ops.core import Core
 from store.ops.effects import Op
@@ -85,7 +87,7 @@ def ingest_request(
         request.early_reads_done |= early.reads_done
         return _Write([IngestOutcome()], request=request, index="add")
 
-    (outcome,) = yield from _apply(core, rid, op_id, lease, change)
+    (outcome,) = yield from _apply(core, rid, op_id, lease, change, label="ingest")
     return outcome  # type: ignore[no-any-return]
 
 
@@ -214,7 +216,7 @@ def apply_conductor_steps(
                 outcomes.append(rules.conclude(request, step.finish_time, step.deadline))
         return _after_teardown(request, outcomes)
 
-    return (yield from _apply(core, rid, op_id, lease, change))
+    return (yield from _apply(core, rid, op_id, lease, change, label=_steps_label(steps)))
 
 
 def abort_request(
@@ -276,7 +278,9 @@ def reads_done(
         outcome = rules.reads_done(stored.request, entity)
         return _after_teardown(stored.request, [outcome])
 
-    (outcome,) = yield from _apply(core, rid, op_id, lease, change, early_ttl=drain_ttl)
+    (outcome,) = yield from _apply(
+        core, rid, op_id, lease, change, early_ttl=drain_ttl, label=f"reads done {entity}"
+    )
     return outcome  # type: ignore[no-any-return]
 
 
@@ -291,7 +295,7 @@ def expire_teardown(
             return None
         return _after_teardown(stored.request, [rules.expire(stored.request, now)])
 
-    outcomes = yield from _apply(core, rid, op_id, lease, change)
+    outcomes = yield from _apply(core, rid, op_id, lease, change, label="expire teardown")
     return outcomes[0] if outcomes else TeardownOutcome(ignored="unknown request")
 
 
@@ -325,7 +329,34 @@ def save_conductor_request(
             raise RequestNotFound("request was torn down", request_id=rid)
         return _Write([], request=request, index=None if stored.request else "add")
 
-    yield from _apply(core, rid, op_id, lease, change)
+    yield from _apply(core, rid, op_id, lease, change, label="save")
+
+
+def save_conductor_requests(
+    core: Core, requests: Sequence[ConductorRequest], leases: Sequence[Lease | None]
+) -> Op[list[StoreError | None]]:
+    """``save_conductor_request`` of many requests at once, pipelined (one round trip for
+    all that this client wrote last). One entry per request: None, or the error it met."""
+    if len(leases) != len(requests):
+        raise ValidationError(f"{len(leases)} leases for {len(requests)} requests")
+    ops = [
+        save_conductor_request(core, r, lease=lease)
+        for r, lease in zip(requests, leases, strict=True)
+    ]
+    return (yield from gather(ops))
+
+
+def drop_conductor_requests(
+    core: Core, request_ids: Sequence[str], leases: Sequence[Lease | None]
+) -> Op[list[StoreError | None]]:
+    """``drop_conductor_request`` of many requests at once, pipelined."""
+    if len(leases) != len(request_ids):
+        raise ValidationError(f"{len(leases)} leases for {len(request_ids)} requests")
+    ops = [
+        drop_conductor_request(core, rid, lease=lease)
+        for rid, lease in zip(request_ids, leases, strict=True)
+    ]
+    return (yield from gather(ops))
 
 
 def drop_conductor_request(
@@ -340,7 +371,7 @@ def drop_conductor_request(
             return None
         return _Write([], gone=True, index="remove")
 
-    yield from _apply(core, rid, op_id, lease, change)
+    yield from _apply(core, rid, op_id, lease, change, label="drop")
 
 
 def claim_conductor_request(
@@ -391,7 +422,9 @@ def _teardown(
         outcome = rules.remove(stored.request, now + drain_ttl, failure)
         return _after_teardown(stored.request, [outcome])
 
-    outcomes = yield from _apply(core, rid, op_id, lease, change, early_ttl=drain_ttl)
+    outcomes = yield from _apply(
+        core, rid, op_id, lease, change, early_ttl=drain_ttl, label="fail" if failure else "abort"
+    )
     return outcomes[0] if outcomes else TeardownOutcome(ignored="unknown request")
 
 
@@ -402,6 +435,17 @@ def _after_teardown(request: ConductorRequest, outcomes: list[Any]) -> _Write:
         if isinstance(teardown, TeardownOutcome) and teardown.remove:
             return _Write(outcomes, gone=True, index="remove")
     return _Write(outcomes, request=request)
+
+
+def _steps_label(steps: Sequence[Step]) -> str:
+    """What a turn did, for the history: "graphs done x2, pass p0, conclude"."""
+    parts: list[str] = []
+    graphs = sum(isinstance(s, GraphsDone) for s in steps)
+    if graphs:
+        parts.append("graphs done" if graphs == 1 else f"graphs done x{graphs}")
+    parts += [f"pass {s.partition}" for s in steps if isinstance(s, CompletePass)]
+    parts += ["conclude" for s in steps if isinstance(s, Conclude)]
+    return ", ".join(parts) or "nothing"
 
 
 def _ignored(step: Step, rid: str) -> Any:
@@ -427,8 +471,10 @@ def _apply(
     change: Change,
     *,
     early_ttl: float = DRAIN_TTL,
+    label: str = "conductor",
 ) -> Op[list[Any]]:
-    """Apply ``change`` to the latest version of the request and commit it (see above)."""
+    """Apply ``change`` to the latest version of the request and commit it (see above);
+    ``label`` says what it did in the request's history."""
     op_id = op_id or core.new_op_id()
     if not isinstance(op_id, str) or not op_id or len(op_id) > 200:
         raise ValidationError("op_id must be a text of 1..200 characters", request_id=rid)
@@ -463,11 +509,11 @@ def _apply(
             expiry = _expiry(core, stored, write, early_ttl)
             args: list[Any] = [
                 FORMAT, *(_fence(lease)), op_id, str(stored.version), result, forget, expiry,
-                str(len(doomed)), *doomed, *(x for pair in changed for x in pair),
+                label, core.history_cap, str(len(doomed)), *doomed,
+                *(x for pair in changed for x in pair),
             ]  # fmt: skip
-            reply = yield from core.run(
-                rid, "conductor_write", [key, core.keys.lease(rid)], args, RequestNotFound, lease
-            )
+            keys = [key, core.keys.lease(rid), core.keys.history(rid)]
+            reply = yield from core.run(rid, "conductor_write", keys, args, RequestNotFound, lease)
             status = reply[0]
             if status == b"OK":
                 raw = {n: v for n, v in stored.raw.items() if n not in doomed}

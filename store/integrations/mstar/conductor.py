@@ -30,7 +30,7 @@ from mstar.utils.ipc_format import ConductorMessageType
 
 from store.conductor.convert import from_request_data
 from store.conductor.record import ConductorRequest
-from store.errors import FencedError, RequestNotFound
+from store.errors import FencedError, RequestNotFound, StoreError
 from store.records import Lease
 from store.store import RequestStore
 
@@ -182,7 +182,7 @@ class StoreConductor(Conductor):  # type: ignore[misc]
 
     def _commit(self, sends: list[tuple[str, Any]]) -> None:
         """Write what the last turn changed, then send what it decided, then forget what
-        it tore down."""
+        it tore down. Raises ``StoreError`` with nothing sent if a write failed."""
         answered: set[str] = set()
         for _, message in sends:
             rid = getattr(getattr(message, "body", None), "request_id", None)
@@ -193,24 +193,32 @@ class StoreConductor(Conductor):  # type: ignore[misc]
                     "request_failed",
                 ):
                     answered.add(rid)
-        touched, self._touched = self._touched, set()
-        for rid in touched:
-            if rid in self.requests:
-                self._save(rid, answered=False)
+        touched = self._touched
+        self._save_all([rid for rid in touched if rid in self.requests], answered=False)
         inner = self.communicator.inner
         for destination, message in sends:
             inner.send(destination, message)
-        for rid in touched:
-            if rid not in self.requests and rid in self._held:
-                self._fenced_call(self._store.drop_conductor_request, rid, lease=self._lease(rid))
+        self._touched = set()
+        gone = [rid for rid in touched if rid not in self.requests and rid in self._held]
+        if gone:
+            results = self._store.drop_conductor_requests(gone, [self._lease(r) for r in gone])
+            self._check(results)
+            for rid in gone:
                 self._held.discard(rid)
                 self._leases.pop(rid, None)
-            elif rid in answered and rid in self.requests:
-                self._save(rid, answered=True)
+        self._save_all([rid for rid in answered if rid in self.requests], answered=True)
         self._fail_stalled()
         self._check_epoch()
 
-    def _save(self, rid: str, *, answered: bool) -> None:
+    def _save_all(self, rids: list[str], *, answered: bool) -> None:
+        if not rids:
+            return
+        records = [self._record(rid, answered=answered) for rid in rids]
+        leases = [self._lease(rid) for rid in rids]
+        self._check(self._store.save_conductor_requests(records, leases))
+        self._held.update(rids)
+
+    def _record(self, rid: str, *, answered: bool) -> ConductorRequest:
         data = self.requests[rid]
         record = from_request_data(
             rid,
@@ -222,8 +230,15 @@ class StoreConductor(Conductor):  # type: ignore[misc]
         record.owner = self._deployment
         record.concluded = data.conductor_finish_time > 0
         record.answered = answered
-        self._fenced_call(self._store.save_conductor_request, record, lease=self._lease(rid))
-        self._held.add(rid)
+        return record
+
+    def _check(self, results: list[Any]) -> None:
+        for result in results:
+            if isinstance(result, FencedError):
+                self._fenced_out(str(result))
+        for result in results:
+            if isinstance(result, StoreError):
+                raise result
 
     def _lease(self, rid: str) -> Lease:
         lease = self._leases.get(rid)
@@ -236,12 +251,6 @@ class StoreConductor(Conductor):  # type: ignore[misc]
         assert lease is not None
         self._leases[rid] = lease
         return lease
-
-    def _fenced_call(self, call: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            call(*args, **kwargs)
-        except FencedError as e:
-            self._fenced_out(str(e))
 
     def _fenced_out(self, why: str) -> None:
         """Another conductor of this deployment took over: stop at once, sending nothing."""
@@ -286,7 +295,14 @@ class _TurnCommunicator:
 
     def get_all_new_messages(self, *args: Any, **kwargs: Any) -> list[Any]:
         sends, self._sends = self._sends, []
-        self.conductor._commit(sends)
+        try:
+            self.conductor._commit(sends)
+        except StoreError:
+            # Nothing of the turn was sent: keep it, take no new message, try again next
+            # turn (the store's own reconnect already waited its bound).
+            log.exception("the turn's state was not stored; its messages wait")
+            self._sends = sends + self._sends
+            return []
         messages: list[Any] = self.inner.get_all_new_messages(*args, **kwargs)
         self.conductor._note(messages)
         return messages
