@@ -148,7 +148,10 @@ class StoreConductor(Conductor):  # type: ignore[misc]
 
     def _answer_again(self, rid: str, held: ConductorRequest) -> None:
         """A completed request whose answer may not have left the dead conductor: send it
-        (the API server takes a second, equal RequestComplete as the first)."""
+        (the API server takes a second, equal RequestComplete as the first). The
+        UnpersistTensors of the turn that completed it are not known any more: the teardown's
+        RemoveRequest frees those tensors."""
+        print(f"answered again: {rid}", file=sys.stderr, flush=True)
         self.communicator.send(
             "api_server",
             APIServerMessage(
