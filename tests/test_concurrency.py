@@ -8,7 +8,6 @@ function of (worker, op index), so the parent can compute the expected end state
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import random
 import threading
 import traceback
@@ -42,6 +41,7 @@ from store.types import (
 )
 from tests import backends
 from tests.backends import delete_namespace, redis_url_for_tests
+from tests.processes import run_workers
 from tests.servers import free_port
 
 # Many processes contend for one partition and must all commit at default settings: no
@@ -74,7 +74,6 @@ def _store(url: str, namespace: str) -> RequestStore:
 
 
 KV_LABELS = ("kv0", "kv1", "kv2")
-PROCESS_TIMEOUT = 120.0
 BARRIER_TIMEOUT = 60.0
 
 
@@ -104,31 +103,6 @@ def _namespace_cleaned(url: str) -> Iterator[str]:
     finally:
         with backends.connect(url) as c:
             delete_namespace(c, namespace)
-
-
-def _run_workers(target: Callable[..., None], n: int, *args: Any) -> list[dict[str, Any]]:
-    """Start ``n`` processes ``target(index, barrier, results, *args)``; their result dicts.
-
-    A barrier makes them start their operations together, so they really contend.
-    """
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
-    barrier = ctx.Barrier(n)
-    results = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(i, barrier, results, *args)) for i in range(n)]
-    for proc in procs:
-        proc.start()
-    try:
-        out = [results.get(timeout=PROCESS_TIMEOUT) for _ in procs]
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    failures = [r["traceback"] for r in out if "traceback" in r]
-    assert not failures, "\n".join(failures)
-    return sorted(out, key=lambda r: r["worker"])
 
 
 def _report(worker: int, barrier: Any, results: Any, work: Callable[[], dict[str, Any]]) -> None:
@@ -251,7 +225,7 @@ def _check_merges(
     with _namespace_cleaned(url) as namespace:
         store = _store(url, namespace)
         _create(store)
-        outcomes = _run_workers(target, workers, url, namespace, ops)
+        outcomes = run_workers(target, workers, url, namespace, ops)
 
         all_ops = [(w, i) for w in range(workers) for i in range(ops)]
         expected = _fold(all_ops)
@@ -433,7 +407,7 @@ def test_duplicate_reports_count_once_and_exactly_one_advance_wins(
     with _namespace_cleaned(url) as namespace:
         store = RequestStore.from_url(url, namespace=namespace)
         _create(store, set(WORKER_GRAPHS))
-        results = _run_workers(_report_worker, workers, url, namespace, workers)
+        results = run_workers(_report_worker, workers, url, namespace, workers)
         outcomes = [o for r in results for o in r["outcomes"]]
 
         deliveries = sum(

@@ -10,7 +10,6 @@ lost reply). The totals must equal the sum of the ops: nothing lost, nothing dou
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import traceback
 import uuid
 from typing import Any
@@ -23,6 +22,7 @@ from store.conductor.layout import RECENT_OPS
 from store.types import CurrentForwardConductorMetadata, PartitionState, TensorPointerInfo
 from tests import backends
 from tests.backends import delete_namespace, redis_url_for_tests
+from tests.processes import run_workers
 
 pytestmark = pytest.mark.exclusive  # processes contend: no other test's load beside them
 
@@ -67,7 +67,7 @@ def _message(worker: int, i: int) -> WorkerGraphsDone:
     )
 
 
-def _worker(worker: int, url: str, namespace: str, barrier: Any, results: Any) -> None:
+def _worker(worker: int, barrier: Any, results: Any, url: str, namespace: str) -> None:
     try:
         store = RequestStore.from_url(url, namespace=namespace)
         barrier.wait(TIMEOUT)
@@ -78,10 +78,10 @@ def _worker(worker: int, url: str, namespace: str, barrier: Any, results: Any) -
             store._core.conductor_records.drop(RID)  # a lost reply, sent again
             assert store.apply_worker_graphs_done(_message(worker, i), op_id=op_id) == first
         store.client.close()
-        results.put((worker, None))
+        results.put({"worker": worker})
     except BaseException:
         barrier.abort()
-        results.put((worker, traceback.format_exc()))
+        results.put({"worker": worker, "traceback": traceback.format_exc()})
 
 
 @pytest.mark.real
@@ -94,24 +94,7 @@ def test_processes_apply_every_report_once(real_redis_error: str | None) -> None
     store = RequestStore.from_url(url, namespace=namespace)
     try:
         store.ingest_request(_request())
-        ctx = mp.get_context("spawn")
-        barrier, results = ctx.Barrier(PROCESSES), ctx.Queue()
-        procs = [
-            ctx.Process(target=_worker, args=(w, url, namespace, barrier, results))
-            for w in range(PROCESSES)
-        ]
-        for proc in procs:
-            proc.start()
-        try:
-            out = [results.get(timeout=TIMEOUT) for _ in procs]
-        finally:
-            for proc in procs:
-                proc.join(timeout=10)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
-        failures = [tb for _, tb in out if tb]
-        assert not failures, "\n".join(failures)
+        run_workers(_worker, PROCESSES, url, namespace)
 
         got = RequestStore.from_url(url, namespace=namespace).load_conductor_request(RID)
         p0 = got.partition_states["p0"]

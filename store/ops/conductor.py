@@ -11,7 +11,7 @@ client drove last costs one round trip.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -318,25 +318,22 @@ def save_conductor_requests(
 ) -> Op[list[StoreError | None]]:
     """``save_conductor_request`` of many requests at once, pipelined (one round trip for
     all that this client wrote last). One entry per request: None, or the error it met."""
-    if len(leases) != len(requests):
-        raise ValidationError(f"{len(leases)} leases for {len(requests)} requests")
-    ops = [
-        save_conductor_request(core, r, lease=lease)
-        for r, lease in zip(requests, leases, strict=True)
-    ]
-    return (yield from gather(ops))
+    return (yield from _each(core, save_conductor_request, requests, leases))
 
 
 def drop_conductor_requests(
     core: Core, request_ids: Sequence[str], leases: Sequence[Lease | None]
 ) -> Op[list[StoreError | None]]:
     """``drop_conductor_request`` of many requests at once, pipelined."""
-    if len(leases) != len(request_ids):
-        raise ValidationError(f"{len(leases)} leases for {len(request_ids)} requests")
-    ops = [
-        drop_conductor_request(core, rid, lease=lease)
-        for rid, lease in zip(request_ids, leases, strict=True)
-    ]
+    return (yield from _each(core, drop_conductor_request, request_ids, leases))
+
+
+def _each(
+    core: Core, one: Callable[..., Op[None]], items: Sequence[Any], leases: Sequence[Lease | None]
+) -> Op[list[StoreError | None]]:
+    if len(leases) != len(items):
+        raise ValidationError(f"{len(leases)} leases for {len(items)} requests")
+    ops = [one(core, item, lease=lease) for item, lease in zip(items, leases, strict=True)]
     return (yield from gather(ops))
 
 
