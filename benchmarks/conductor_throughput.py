@@ -2,8 +2,8 @@
 workers, store-backed (``store.integrations.mstar.StoreConductor``) against in-memory (the
 engine's ``Conductor`` unmodified), at 1 and 256 requests in flight, in one run.
 
-    python -m benchmarks.conductor_throughput            # ~1 minute on 2 cores
-    python -m benchmarks.conductor_throughput --quick    # a few seconds (CI's smoke test)
+    python -m benchmarks.conductor_throughput            # ~8 minutes on 2 cores
+    python -m benchmarks.conductor_throughput --quick    # 1 and 64 in flight, ~20 s
     python -m benchmarks.conductor_throughput --profile  # and where the store-backed turns'
                                                          # CPU goes at 256 (cProfile, top 15)
 
