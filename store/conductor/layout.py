@@ -68,6 +68,11 @@ class Stored:
     gone: bool = False
     ops: list[str] = field(default_factory=list)
 
+    @property
+    def holds_request(self) -> bool:
+        """A request is held (decoded or not)."""
+        return "head" in self.raw and not self.gone
+
 
 def encode_request(codec: Codec, key: str, request: ConductorRequest) -> dict[str, bytes]:
     """The fields that hold ``request`` at ``key`` (not the version, ops or results)."""
@@ -88,9 +93,12 @@ def encode_request(codec: Codec, key: str, request: ConductorRequest) -> dict[st
     return fields
 
 
-def decode_stored(codec: Codec, rid: str, key: str, raw: dict[str, bytes]) -> Stored:
+def decode_stored(
+    codec: Codec, rid: str, key: str, raw: dict[str, bytes], *, request: bool = True
+) -> Stored:
     """The hash read whole (``HGETALL``, field names as text); raises
-    ``CorruptRecordError`` naming the field."""
+    ``CorruptRecordError`` naming the field. ``request=False``: the request's own fields
+    are left undecoded (``Stored.holds_request`` still says whether it holds one)."""
     where: dict[str, str | None] = {"request_id": rid, "key": key}
     found = raw.get("_f")
     if found is not None and found != FORMAT:
@@ -103,7 +111,7 @@ def decode_stored(codec: Codec, rid: str, key: str, raw: dict[str, bytes]) -> St
     elif "early" in raw:
         aborted, entities = _decoded(_EARLY, raw["early"], where, "early")
         stored.early = Early(aborted, set(entities))
-    elif "head" in raw:
+    elif "head" in raw and request:
         stored.request = _decode_request(codec, raw, where)
     return stored
 

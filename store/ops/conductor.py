@@ -308,9 +308,9 @@ def save_conductor_request(
     def change(stored: Stored) -> Commit:
         if stored.gone:
             raise RequestNotFound("request was torn down", request_id=rid)
-        return Commit([], request=request, index=None if stored.request else "add")
+        return Commit([], request=request, index=None if stored.holds_request else "add")
 
-    yield from apply(core, rid, op_id, lease, change, label="save")
+    yield from apply(core, rid, op_id, lease, change, label="save", decode=False)
 
 
 def save_conductor_requests(
@@ -345,11 +345,11 @@ def drop_conductor_request(
     rid = validate_request_id(request_id)
 
     def change(stored: Stored) -> Commit | None:
-        if stored.gone or (stored.request is None and stored.early is None):
+        if stored.gone or (not stored.holds_request and stored.early is None):
             return None
         return Commit([], gone=True, index="remove")
 
-    yield from apply(core, rid, op_id, lease, change, label="drop")
+    yield from apply(core, rid, op_id, lease, change, label="drop", decode=False)
 
 
 def claim_conductor_request(

@@ -62,9 +62,12 @@ def apply(
     *,
     early_ttl: float = DRAIN_TTL,
     label: str = "conductor",
+    decode: bool = True,
 ) -> Op[list[Any]]:
     """Apply ``change`` to the latest version of the request and commit it (see above);
-    ``label`` says what it did in the request's history."""
+    ``label`` says what it did in the request's history; ``decode=False``: the change does
+    not read the request held (a whole request written as it is), so the version this
+    client wrote last is not decoded again."""
     op_id = op_id or core.new_op_id()
     if not isinstance(op_id, str) or not op_id or len(op_id) > 200:
         raise ValidationError("op_id must be a text of 1..200 characters", request_id=rid)
@@ -76,7 +79,7 @@ def apply(
             if held is None:
                 stored = yield from read(core, rid)
             else:  # decoded afresh: the change works on objects of its own
-                stored = layout.decode_stored(core.codec, rid, key, held.raw)
+                stored = layout.decode_stored(core.codec, rid, key, held.raw, request=decode)
             done = stored.raw.get(f"o:{op_id}")
             if done is not None:
                 return layout.decode_result(core.codec, done, **where)
@@ -140,7 +143,7 @@ def expiry_of(core: Core, stored: Stored, write: Commit, early_ttl: float) -> st
     """An early record lives ``early_ttl``; a torn-down one keeps its results for the
     dedupe window; a held request does not expire."""
     if write.request is not None:
-        return "" if stored.request is not None else "persist"
+        return "" if stored.holds_request else "persist"
     if write.early is not None:
         return str(max(1, int(early_ttl * 1000)))
     return "" if stored.gone else str(max(1, int(core.dedupe_window * 1000)))

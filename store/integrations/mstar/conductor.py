@@ -1,10 +1,10 @@
 """mstar-ai's own ``Conductor``, with every request it drives written to the store.
 
 The engine's code makes every decision: this subclass overrides no decision method. It
-wraps the conductor's communicator so that each turn of the engine's run loop ends with a
-commit: when the loop asks for new messages, the requests the last turn touched are written
-to the store (``save_conductor_request``: fenced, versioned, whole or not at all), and only
-then are the messages that turn sent. A conductor that crashes loses at most the turn it
+holds back the messages the conductor sends, and each turn of the engine's run loop ends
+with a commit: the requests the turn touched are written to the store
+(``save_conductor_requests``: fenced, versioned, whole or not at all, one round trip), and
+only then are the turn's messages sent. A conductor that crashes loses at most the turn it
 was in; its successor (``attach=True``) reads every request back, claims it (which fences
 out the old process, were it only paused), and carries it on with the workers that hold its
 caches. Overridden, and why:
@@ -13,6 +13,8 @@ caches. Overridden, and why:
   attaching (the engine makes them afresh with ``uuid4``; live workers hold the old ones).
 - ``_launch_workers``: not when attaching (the workers live on) or with ``launch=False``.
 - ``_wait_for_workers_ready``: not when attaching (the workers were ready long ago).
+- ``_sweep_expiry``: the engine's own, then the turn's commit (it is the last call of each
+  turn of the run loop).
 """
 
 from __future__ import annotations
@@ -93,6 +95,12 @@ class StoreConductor(Conductor):  # type: ignore[misc]
     def _wait_for_workers_ready(self) -> None:
         if not self._attach:
             super()._wait_for_workers_ready()
+
+    def _sweep_expiry(self) -> None:
+        """The engine's own sweep, the last call of each run-loop turn; then the turn's
+        commit, so that its messages leave now rather than after the loop's sleep."""
+        super()._sweep_expiry()
+        self.communicator.end_turn()
 
     # -- recovery ------------------------------------------------------------------------
 
@@ -296,15 +304,22 @@ class _TurnCommunicator:
     def send(self, entity_id: str, msg: Any) -> None:
         self._sends.append((entity_id, msg))
 
-    def get_all_new_messages(self, *args: Any, **kwargs: Any) -> list[Any]:
+    def end_turn(self) -> bool:
+        """Store what the turn changed, then send what it decided. False when the store
+        failed: nothing of the turn was sent, and it is tried again at the next call."""
         sends, self._sends = self._sends, []
         try:
             self.conductor._commit(sends)
-        except StoreError:
-            # Nothing of the turn was sent: keep it, take no new message, try again next
-            # turn (the store's own reconnect already waited its bound).
+        except StoreError:  # the store's own reconnect already waited its bound
             log.exception("the turn's state was not stored; its messages wait")
             self._sends = sends + self._sends
+            return False
+        return True
+
+    def get_all_new_messages(self, *args: Any, **kwargs: Any) -> list[Any]:
+        # A turn the engine's loop left by an exception (before its sweep) commits here; a
+        # commit that fails takes no new message.
+        if not self.end_turn():
             return []
         messages: list[Any] = self.inner.get_all_new_messages(*args, **kwargs)
         self.conductor._note(messages)
