@@ -804,7 +804,6 @@ DAMAGE = [
     ("ver", b"-1", CorruptRecordError),
     ("_f", b"2", SchemaVersionError),
     ("_f", b"x", CorruptRecordError),
-    ("ops", b"\xc1", CorruptRecordError),
 ]
 
 
@@ -838,6 +837,19 @@ def test_a_damaged_field_is_named(
             assert refused.value.field == named  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(("fields", "named"), [({"nops": b"x"}, "nops"), ({"nops": b""}, "nops")])
+def test_a_damaged_op_list_refuses_every_write_whole(
+    client: redis.Redis, held: RequestStore, fields: dict[str, bytes], named: str
+) -> None:
+    key = held.keys.conductor(RID)
+    client.hset(key, mapping=fields)
+    before = raw(client, held)
+    with pytest.raises(CorruptRecordError) as refused:
+        held.apply_worker_graphs_done(wgd(["wgA"]))
+    assert (refused.value.key, refused.value.field) == (key, named)
+    assert raw(client, held) == before
+
+
 def test_damaged_early_record_and_wrong_key_type(
     client: redis.Redis, namespace: str, store: RequestStore
 ) -> None:
@@ -869,7 +881,13 @@ def test_a_torn_down_request_keeps_only_its_results_for_a_while(
     store.expire_teardown(RID, now=5.0, op_id="expire")
     left = raw(client, store)
     assert left[b"state"] == b"gone"
-    assert {n for n in left if not n.startswith(b"o:")} == {b"state", b"ver", b"_f", b"ops"}
+    assert {n for n in left if not n.startswith(b"o:")} == {
+        b"state",
+        b"ver",
+        b"_f",
+        b"ops",
+        b"nops",
+    }
     assert b"o:expire" in left
     assert 0 < client.pttl(key) <= 60_000
     assert store.expire_teardown(RID, now=5.0, op_id="expire").remove == PARTICIPANTS

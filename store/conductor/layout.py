@@ -3,10 +3,11 @@
 ``<ns>:{<rid>}:conductor``: ``head`` (the request-level fields, msgspec-encoded),
 ``p:<partition>`` (a ``PartitionState``), ``c:<from>-><to>`` (a ``StreamingConnectionState``),
 ``order`` (partition and connection names in the engine's order), ``ver`` (the version every
-write raises), ``_f`` (the format), ``ops`` (the latest op ids) and ``o:<op id>`` (each one's
-result, so that a retried op returns what it did). A pass rewrites only the fields it
-changed. Before its request, the hash may hold only ``early`` (an abort or READS_DONE that
-came first); after teardown only ``state`` = ``gone`` and the results, until it expires.
+write raises), ``_f`` (the format), ``ops`` and ``nops`` (the latest op ids, one per line,
+kept by the script) and ``o:<op id>`` (each one's result, so that a retried op returns what
+it did). A pass rewrites only the fields it changed. Before its request, the hash may hold
+only ``early`` (an abort or READS_DONE that came first); after teardown only ``state`` =
+``gone`` and the results, until it expires.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ _OUTCOMES: dict[str, type] = {
     for cls in (GraphsDoneOutcome, PassOutcome, TeardownOutcome, Conclusion, IngestOutcome)
 }
 _ORDER = msgspec.msgpack.Decoder(tuple[list[str], list[str]])
-_OPS = msgspec.msgpack.Decoder(list[str])
 _EARLY = msgspec.msgpack.Decoder(tuple[bool, list[str]])
 _RESULT = msgspec.msgpack.Decoder(list[tuple[str, msgspec.Raw]])
 _encode = msgspec.msgpack.encode
@@ -66,7 +66,6 @@ class Stored:
     request: ConductorRequest | None = None
     early: Early | None = None
     gone: bool = False
-    ops: list[str] = field(default_factory=list)
 
     @property
     def holds_request(self) -> bool:
@@ -104,8 +103,6 @@ def decode_stored(
     if found is not None and found != FORMAT:
         raise SchemaVersionError(_int(found, where, "_f"), int(FORMAT), **where)
     stored = Stored(version=_int(raw.get("ver", b"0"), where, "ver"), raw=raw)
-    if "ops" in raw:
-        stored.ops = _decoded(_OPS, raw["ops"], where, "ops")
     if raw.get("state") == b"gone":
         stored.gone = True
     elif "early" in raw:
@@ -148,10 +145,6 @@ def decode_result(codec: Codec, data: bytes, **where: str | None) -> list[Any]:
 
 def encode_early(early: Early) -> bytes:
     return _encode((early.aborted, sorted(early.reads_done)))
-
-
-def encode_ops(ops: list[str]) -> bytes:
-    return _encode(ops)
 
 
 def _field(raw: dict[str, bytes], name: str, where: dict[str, str | None]) -> bytes:

@@ -28,6 +28,7 @@ DRAIN_TTL = 120.0
 """Seconds a teardown barrier, or an abort or READS_DONE that came before its request,
 waits (the engine's ``MSTAR_DRAIN_TTL_S`` default)."""
 _STATE_FIELDS = ("head", "order", "early", "state")
+KEPT = str(RECENT_OPS)
 
 
 @dataclass
@@ -69,8 +70,10 @@ def apply(
     not read the request held (a whole request written as it is), so the version this
     client wrote last is not decoded again."""
     op_id = op_id or core.new_op_id()
-    if not isinstance(op_id, str) or not op_id or len(op_id) > 200:
-        raise ValidationError("op_id must be a text of 1..200 characters", request_id=rid)
+    if not isinstance(op_id, str) or not op_id or len(op_id) > 200 or "\n" in op_id:
+        raise ValidationError(
+            "op_id must be a text of 1..200 characters on one line", request_id=rid
+        )
     key, cache = core.keys.conductor(rid), core.conductor_records
     where: dict[str, str | None] = {"request_id": rid, "key": key}
     try:
@@ -89,9 +92,6 @@ def apply(
             if write.unchanged:
                 return write.outcomes
             fields = encoded_fields(core, write, early_ttl)
-            ops = [*stored.ops, op_id]
-            forget = ops.pop(0) if len(ops) > RECENT_OPS else ""
-            fields["ops"] = layout.encode_ops(ops)
             result = layout.encode_result(core.codec, write.outcomes)
             doomed = [
                 name
@@ -101,7 +101,7 @@ def apply(
             changed = [(n, v) for n, v in fields.items() if stored.raw.get(n) != v]
             expiry = expiry_of(core, stored, write, early_ttl)
             args: list[Any] = [
-                FORMAT, *(fence(lease)), op_id, str(stored.version), result, forget, expiry,
+                FORMAT, *(fence(lease)), op_id, str(stored.version), result, KEPT, expiry,
                 label, core.history_cap, str(len(doomed)), *doomed,
                 *(x for pair in changed for x in pair),
             ]  # fmt: skip
@@ -111,8 +111,10 @@ def apply(
             if status == b"OK":
                 raw = {n: v for n, v in stored.raw.items() if n not in doomed}
                 raw.update(fields)
-                raw[f"o:{op_id}"] = result
-                raw.pop(f"o:{forget}", None)
+                raw[f"o:{op_id}"] = result  # the latest results, as the script keeps them
+                results = [n for n in raw if n[:2] == "o:"]
+                for name in results[: max(0, len(results) - RECENT_OPS)]:
+                    del raw[name]
                 raw["ver"] = reply[1]
                 cache.put(rid, Stored(version=int(reply[1]), raw=raw))
                 yield from index(core, rid, write)

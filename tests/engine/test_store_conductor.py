@@ -168,8 +168,10 @@ def test_a_turn_whose_state_was_not_stored_sends_nothing_until_it_is(tmp_path: P
         engine = make_conductor(shape, tmp_path / "engine")
         request = new_request_message(shape, "a", 1)
         expected = run_loop_once(engine, [request])
-        with mock.patch.object(
-            store, "save_conductor_requests", side_effect=StoreConnectionError("away")
+        away = StoreConnectionError("away")
+        with (
+            mock.patch.object(store, "save_conductor_request", side_effect=away),
+            mock.patch.object(store, "save_conductor_requests", side_effect=away),
         ):
             held_back = run_loop_once(ours, [request])
             again = run_loop_once(ours, [request])  # not taken while the store is away

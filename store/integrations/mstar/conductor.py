@@ -226,7 +226,13 @@ class StoreConductor(Conductor):  # type: ignore[misc]
             return
         records = [self._record(rid, answered=answered) for rid in rids]
         leases = [self._lease(rid) for rid in rids]
-        self._check(self._store.save_conductor_requests(records, leases))
+        if len(rids) == 1:  # the common turn at low load: without the pipelining's cost
+            try:
+                self._store.save_conductor_request(records[0], lease=leases[0])
+            except StoreError as e:
+                self._check([e])
+        else:
+            self._check(self._store.save_conductor_requests(records, leases))
         self._held.update(rids)
 
     def _record(self, rid: str, *, answered: bool) -> ConductorRequest:
