@@ -181,3 +181,36 @@ def test_a_turn_whose_state_was_not_stored_sends_nothing_until_it_is(tmp_path: P
         flushed = run_loop_once(ours, [])
     assert _canonical(_engine_sends(flushed.sent)) == _canonical(_engine_sends(expected.sent))
     assert store.list_conductor_requests() == ["a"]
+
+
+def test_a_deployment_attaches_only_its_own_requests(tmp_path: Path) -> None:
+    """Two deployments, one store: attaching one takes over its requests and never the
+    other's (whose workers hold their caches), and each stays fenced to its own."""
+    stage = StageShape(("default_s0n0",), (0,))
+    walk = WalkShape("default_prefill", (0,))
+    shape = Shape(partitions=(PartitionShape("default", (stage,), (walk,), passes=3),))
+    store = RequestStore(fakeredis.FakeRedis(), namespace="fleet")
+    config = tmp_path / "model.yaml"
+    config.write_text(yaml.safe_dump(shape.config()))
+
+    def conductor(deployment: str, attach: bool) -> Any:
+        with _unlaunched():
+            return StoreConductor(
+                ScriptedModel(shape), str(config), store=store, deployment=deployment,
+                attach=attach, launch=False, socket_path_prefix=str(tmp_path / deployment),
+            )  # fmt: skip
+
+    with quiet_conductor_logs():
+        east, west = conductor("east", False), conductor("west", False)
+        run_loop_once(east, [new_request_message(shape, "e-1", 1)])
+        run_loop_once(west, [new_request_message(shape, "w-1", 2)])
+        run_loop_once(west, [new_request_message(shape, "w-2", 3)])
+        held = {rid: store.load_conductor_request(rid).owner for rid in ("e-1", "w-1", "w-2")}
+        assert held == {"e-1": "east", "w-1": "west", "w-2": "west"}
+        successor = conductor("west", True)
+        assert set(successor.requests) == {"w-1", "w-2"}
+        assert set(east.requests) == {"e-1"}  # east drives its own on, untouched
+        run_loop_once(east, finishing_messages(east, "e-1"))
+        assert store.load_conductor_request("e-1").partition_states == (
+            east.requests["e-1"].partition_states
+        )
