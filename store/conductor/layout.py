@@ -59,10 +59,12 @@ class Early:
 
 @dataclass
 class Stored:
-    """One read of the hash: its version, its fields as bytes, and what they hold."""
+    """One read of the hash: its version, its fields as bytes (``raw``, the results of the
+    latest ops apart, in ``results``: op id -> result, oldest first), and what they hold."""
 
     version: int
     raw: dict[str, bytes]
+    results: dict[str, bytes] = field(default_factory=dict)
     request: ConductorRequest | None = None
     early: Early | None = None
     gone: bool = False
@@ -92,8 +94,25 @@ def encode_request(codec: Codec, key: str, request: ConductorRequest) -> dict[st
     return fields
 
 
+def split_results(flat: dict[str, bytes]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """A hash read whole, as (its fields, the op results by op id)."""
+    raw, results = {}, {}
+    for name, value in flat.items():
+        if name[:2] == "o:":
+            results[name[2:]] = value
+        else:
+            raw[name] = value
+    return raw, results
+
+
 def decode_stored(
-    codec: Codec, rid: str, key: str, raw: dict[str, bytes], *, request: bool = True
+    codec: Codec,
+    rid: str,
+    key: str,
+    raw: dict[str, bytes],
+    *,
+    request: bool = True,
+    results: dict[str, bytes] | None = None,
 ) -> Stored:
     """The hash read whole (``HGETALL``, field names as text); raises
     ``CorruptRecordError`` naming the field. ``request=False``: the request's own fields
@@ -102,7 +121,8 @@ def decode_stored(
     found = raw.get("_f")
     if found is not None and found != FORMAT:
         raise SchemaVersionError(_int(found, where, "_f"), int(FORMAT), **where)
-    stored = Stored(version=_int(raw.get("ver", b"0"), where, "ver"), raw=raw)
+    version = _int(raw.get("ver", b"0"), where, "ver")
+    stored = Stored(version=version, raw=raw, results=results or {})
     if raw.get("state") == b"gone":
         stored.gone = True
     elif "early" in raw:

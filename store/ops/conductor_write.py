@@ -50,8 +50,10 @@ Change = Callable[[Stored], Commit | None]  # None: nothing to write; the outcom
 def read(core: Core, rid: str) -> Op[Stored]:
     key = core.keys.conductor(rid)
     (flat,) = yield from core.send(key, [("HGETALL", key)], {"request_id": rid, "key": key})
-    raw = {name.decode(errors="replace"): value for name, value in hash_reply(flat).items()}
-    return layout.decode_stored(core.codec, rid, key, raw)
+    raw, results = layout.split_results(
+        {name.decode(errors="replace"): value for name, value in hash_reply(flat).items()}
+    )
+    return layout.decode_stored(core.codec, rid, key, raw, results=results)
 
 
 def apply(
@@ -82,8 +84,10 @@ def apply(
             if held is None:
                 stored = yield from read(core, rid)
             else:  # decoded afresh: the change works on objects of its own
-                stored = layout.decode_stored(core.codec, rid, key, held.raw, request=decode)
-            done = stored.raw.get(f"o:{op_id}")
+                stored = layout.decode_stored(
+                    core.codec, rid, key, held.raw, request=decode, results=held.results
+                )
+            done = stored.results.get(op_id)
             if done is not None:
                 return layout.decode_result(core.codec, done, **where)
             write = change(stored)
@@ -111,12 +115,12 @@ def apply(
             if status == b"OK":
                 raw = {n: v for n, v in stored.raw.items() if n not in doomed}
                 raw.update(fields)
-                raw[f"o:{op_id}"] = result  # the latest results, as the script keeps them
-                results = [n for n in raw if n[:2] == "o:"]
-                for name in results[: max(0, len(results) - RECENT_OPS)]:
-                    del raw[name]
                 raw["ver"] = reply[1]
-                cache.put(rid, Stored(version=int(reply[1]), raw=raw))
+                results = dict(stored.results)  # the latest, as the script keeps them
+                results[op_id] = result
+                while len(results) > RECENT_OPS:
+                    del results[next(iter(results))]
+                cache.put(rid, Stored(version=int(reply[1]), raw=raw, results=results))
                 yield from index(core, rid, write)
                 return write.outcomes
             cache.drop(rid)
