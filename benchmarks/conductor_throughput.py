@@ -63,7 +63,6 @@ measured in alternating rounds, carrying on their requests, so each meets the sa
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import io
 import os
@@ -74,19 +73,15 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from store import types as store_types
 
 if not store_types.engine_importable():  # pragma: no cover - the engine job has it
     raise SystemExit("mstar-ai is not installed: pip install 'mstar-store[engine]'")
 
-import mstar.conductor.conductor as conductor_module
-import yaml
 from mstar.api_server.request_types import APIServerMessage
 from mstar.model.base import ForwardPassArgs
 from mstar.utils.ipc_format import (
@@ -119,6 +114,8 @@ from tests.engine.oracle import (
     WalkShape,
     make_conductor,
     run_loop_once,
+    unlaunched,
+    write_config,
 )
 
 PASSES = 64  # per partition per request
@@ -226,15 +223,6 @@ class PicklingCommunicator(RecordingCommunicator):
         return [pickle.loads(data) for data in inbox] if self.pickled else inbox
 
 
-@contextlib.contextmanager
-def _unlaunched() -> Iterator[None]:
-    with (
-        mock.patch.object(conductor_module, "make_communicator", RecordingCommunicator),
-        mock.patch.object(conductor_module, "_pick_free_tcp_port", lambda: 0),
-    ):
-        yield
-
-
 def in_memory_conductor(tmp: Path, pickled: bool) -> tuple[Any, PicklingCommunicator]:
     conductor = make_conductor(SHAPE, tmp)
     conductor.model = BenchModel(SHAPE)  # the same graphs: only its forward-pass args differ
@@ -246,10 +234,8 @@ def in_memory_conductor(tmp: Path, pickled: bool) -> tuple[Any, PicklingCommunic
 def store_conductor(
     tmp: Path, store: RequestStore, pickled: bool
 ) -> tuple[Any, PicklingCommunicator]:
-    tmp.mkdir(parents=True, exist_ok=True)
-    config = tmp / "model.yaml"
-    config.write_text(yaml.safe_dump(SHAPE.config()))
-    with _unlaunched():
+    config = write_config(SHAPE, tmp)
+    with unlaunched():
         conductor = StoreConductor(
             BenchModel(SHAPE), str(config), store=store, deployment="bench", launch=False,
             socket_path_prefix=str(tmp / "sockets"), stall_timeout=3600.0,

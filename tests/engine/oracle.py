@@ -72,6 +72,8 @@ __all__ = [
     "quiet_conductor_logs",
     "run_loop_once",
     "shapes",
+    "unlaunched",
+    "write_config",
 ]
 
 logger = logging.getLogger(__name__)
@@ -105,6 +107,27 @@ class _UnlaunchedConductor(Conductor):
         return
 
 
+@contextlib.contextmanager
+def unlaunched() -> Iterator[None]:
+    """While a ``Conductor`` (or a subclass) is built: a ``RecordingCommunicator`` for its
+    sockets and no free-port probe."""
+    with (
+        mock.patch.object(conductor_module, "make_communicator", RecordingCommunicator),
+        mock.patch.object(conductor_module, "_pick_free_tcp_port", lambda: 0),
+    ):
+        yield
+
+
+def write_config(shape: Shape, folder: Path | str) -> Path:
+    """``shape``'s model config YAML, written as ``model.yaml`` in ``folder`` (made if
+    missing)."""
+    tmp = Path(folder)
+    tmp.mkdir(parents=True, exist_ok=True)
+    config = tmp / "model.yaml"
+    config.write_text(yaml.safe_dump(shape.config()))
+    return config
+
+
 def make_conductor(shape: Shape, tmp_path: Path | str, drain_ttl_s: float = 120.0) -> Conductor:
     """An engine ``Conductor`` over a ``ScriptedModel(shape)``, with no workers or sockets.
 
@@ -112,20 +135,15 @@ def make_conductor(shape: Shape, tmp_path: Path | str, drain_ttl_s: float = 120.
     communicator factory and the free-port probe are patched; ``sent`` on
     ``conductor.communicator`` then lists every ``(destination, message)``.
     """
-    tmp = Path(tmp_path)
-    tmp.mkdir(parents=True, exist_ok=True)
-    config = tmp / "model.yaml"
-    config.write_text(yaml.safe_dump(shape.config()))
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(
-            mock.patch.object(conductor_module, "make_communicator", RecordingCommunicator)
-        )
-        stack.enter_context(mock.patch.object(conductor_module, "_pick_free_tcp_port", lambda: 0))
-        stack.enter_context(mock.patch.dict(os.environ, {"MSTAR_DRAIN_TTL_S": str(drain_ttl_s)}))
+    config = write_config(shape, tmp_path)
+    with (
+        unlaunched(),
+        mock.patch.dict(os.environ, {"MSTAR_DRAIN_TTL_S": str(drain_ttl_s)}),
+    ):
         return _UnlaunchedConductor(
             model=ScriptedModel(shape),
             model_config_file=str(config),
-            socket_path_prefix=str(tmp / "sockets"),
+            socket_path_prefix=str(Path(tmp_path) / "sockets"),
             log_level="WARNING",
         )
 

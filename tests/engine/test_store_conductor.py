@@ -9,9 +9,7 @@ fakeredis. The test with real processes, SIGKILL and SIGSTOP is ``test_kill.py``
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -28,8 +26,6 @@ if not store_types.engine_importable():
 import dataclasses
 
 import fakeredis
-import mstar.conductor.conductor as conductor_module
-import yaml
 
 from store import RequestStore
 from store.conductor.convert import HELD_FIELDS
@@ -37,7 +33,6 @@ from store.errors import RequestNotFound
 from store.integrations.mstar import StoreConductor
 from tests.engine.oracle import (
     PartitionShape,
-    RecordingCommunicator,
     ScriptedModel,
     Shape,
     StageShape,
@@ -50,6 +45,8 @@ from tests.engine.oracle import (
     quiet_conductor_logs,
     run_loop_once,
     shapes,
+    unlaunched,
+    write_config,
 )
 from tests.engine.test_conductor_diff import _canonical, _engine_sends
 
@@ -57,20 +54,9 @@ ROUNDS = 300
 CLOCKS = ("conductor_ingest_time", "conductor_finish_time")
 
 
-@contextlib.contextmanager
-def _unlaunched() -> Iterator[None]:
-    with (
-        mock.patch.object(conductor_module, "make_communicator", RecordingCommunicator),
-        mock.patch.object(conductor_module, "_pick_free_tcp_port", lambda: 0),
-    ):
-        yield
-
-
 def _store_conductor(shape: Shape, tmp: Path, store: RequestStore, attach: bool) -> Any:
-    tmp.mkdir(parents=True, exist_ok=True)
-    config = tmp / "model.yaml"
-    config.write_text(yaml.safe_dump(shape.config()))
-    with _unlaunched():
+    config = write_config(shape, tmp)
+    with unlaunched():
         return StoreConductor(
             ScriptedModel(shape), str(config), store=store, deployment="d1", attach=attach,
             launch=False, socket_path_prefix=str(tmp / "sockets"), stall_timeout=3600.0,
@@ -190,11 +176,10 @@ def test_a_deployment_attaches_only_its_own_requests(tmp_path: Path) -> None:
     walk = WalkShape("default_prefill", (0,))
     shape = Shape(partitions=(PartitionShape("default", (stage,), (walk,), passes=3),))
     store = RequestStore(fakeredis.FakeRedis(), namespace="fleet")
-    config = tmp_path / "model.yaml"
-    config.write_text(yaml.safe_dump(shape.config()))
+    config = write_config(shape, tmp_path)
 
     def conductor(deployment: str, attach: bool) -> Any:
-        with _unlaunched():
+        with unlaunched():
             return StoreConductor(
                 ScriptedModel(shape), str(config), store=store, deployment=deployment,
                 attach=attach, launch=False, socket_path_prefix=str(tmp_path / deployment),
