@@ -166,28 +166,25 @@ def apply_conductor_steps(
     then its conclusion) for one round trip. One outcome per step; a step on a request not
     held (or torn down) is ignored, as the engine ignores it."""
     rid = validate_request_id(request_id)
-    for step in steps:  # refused before anything is read
-        if isinstance(step, GraphsDone):
-            checked_message(core.codec, step.message, rid)
-        elif isinstance(step, CompletePass):
-            checked(core.codec, step.result, PassResult, rid, "result")
-        elif not isinstance(step, Conclude):
-            raise ValidationError(f"not a step: {type(step).__name__}", request_id=rid)
+    first = _checked_steps(core, rid, steps)  # refused before anything is read
+    tries = 0
 
     def change(stored: Stored) -> Commit | None:
+        nonlocal tries
         request = stored.request
         if request is None:
             return Commit([_ignored(s, rid) for s in steps], unchanged=True)
+        tries += 1  # a redo takes copies of its own: it must not see the first try's merges
+        values = first if tries == 1 else _checked_steps(core, rid, steps)
         outcomes: list[Any] = []
-        for step in steps:
-            if isinstance(step, GraphsDone):  # a copy: a redo must not see this try's merges
-                message = checked_message(core.codec, step.message, rid)
-                outcomes.append(rules.apply_worker_graphs_done(request, message))
+        for step, value in zip(steps, values, strict=True):
+            if isinstance(step, GraphsDone):
+                outcomes.append(rules.apply_worker_graphs_done(request, value))
             elif isinstance(step, CompletePass):
                 done = step.partition_done_from_worker
                 outcomes.append(
                     rules.complete_pass(
-                        request, step.partition, step.result, partition_done_from_worker=done
+                        request, step.partition, value, partition_done_from_worker=done
                     )
                 )
             elif request.teardown is not None:  # the run loop skips a request in teardown
@@ -413,6 +410,22 @@ def _after_teardown(request: ConductorRequest, outcomes: list[Any]) -> Commit:
         if isinstance(teardown, TeardownOutcome) and teardown.remove:
             return Commit(outcomes, gone=True, index="remove")
     return Commit(outcomes, request=request)
+
+
+def _checked_steps(core: Core, rid: str, steps: Sequence[Step]) -> list[Any]:
+    """Each step's message or pass result, checked to its declared types and copied (the
+    rules merge them into the request), or None (a conclusion)."""
+    values: list[Any] = []
+    for step in steps:
+        if isinstance(step, GraphsDone):
+            values.append(checked_message(core.codec, step.message, rid))
+        elif isinstance(step, CompletePass):
+            values.append(checked(core.codec, step.result, PassResult, rid, "result"))
+        elif isinstance(step, Conclude):
+            values.append(None)
+        else:
+            raise ValidationError(f"not a step: {type(step).__name__}", request_id=rid)
+    return values
 
 
 def _steps_label(steps: Sequence[Step]) -> str:
